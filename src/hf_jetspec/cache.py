@@ -1,0 +1,77 @@
+"""The target's KV cache: which classes are supported, and compaction to an accepted tree path.
+
+Works on the cache layer tensors ``layer.keys / layer.values [b, Hkv, S, D]``, the stable part of the transformers
+5.x cache API (``crop`` changed meaning between 5.17 and 5.23, and there is no gather API).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
+
+_FULL_LAYERS = (DynamicLayer, StaticLayer)
+_WINDOW_LAYERS = (DynamicSlidingWindowLayer, StaticSlidingWindowLayer)
+
+
+def cache_kwarg(model) -> str:
+    """Name of the cache argument of ``model.forward``: ``cache`` (transformers >= 5.24) or ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def pop_cache(model_kwargs: dict):
+    """Remove and return the cache that ``generate()`` prepared, whatever its key."""
+    cache = model_kwargs.pop("cache", None)
+    legacy = model_kwargs.pop("past_key_values", None)
+    return cache if cache is not None else legacy
+
+
+def check_cache(cache) -> None:
+    """Raise ``ValueError`` unless ``cache`` is an empty DynamicCache or StaticCache of full-attention layers."""
+    if not isinstance(cache, (DynamicCache, StaticCache)):
+        raise ValueError(
+            f"Tree and Jacobi decoding need a DynamicCache or StaticCache, got {type(cache).__name__}; "
+            "pass cache_implementation='dynamic' or 'static' (or no cache argument)."
+        )
+    for layer in cache.layers:
+        if isinstance(layer, _WINDOW_LAYERS) or not isinstance(layer, _FULL_LAYERS):
+            raise ValueError(
+                f"Cache layer {type(layer).__name__} is not supported: tree verification rewinds and compacts the "
+                "cache, which sliding-window, quantized and other special layers cannot do exactly."
+            )
+    if cache.get_seq_length() != 0:
+        raise ValueError("Pass an empty cache: continuing generation from a filled cache is not supported.")
+
+
+def mask_key_length(cache, prefix_len: int, num_new: int) -> int:
+    """Key length the attention mask must span after appending ``num_new`` tokens to ``prefix_len`` cached ones."""
+    return cache.layers[0].max_cache_len if isinstance(cache, StaticCache) else prefix_len + num_new
+
+
+def room_left(cache, prefix_len: int) -> int | None:
+    """Free slots of a StaticCache after ``prefix_len`` tokens (None: unbounded)."""
+    return cache.layers[0].max_cache_len - prefix_len if isinstance(cache, StaticCache) else None
+
+
+def keep_positions(cache, prefix_len: int, keep: list[int]) -> None:
+    """Compact ``cache`` after a forward that appended nodes at slots ``prefix_len + i``: keep the nodes ``keep``
+    (ascending, a root-to-node path) at slots ``prefix_len .. prefix_len + len(keep) - 1`` and drop the rest.
+
+    Accepted path nodes sit at consecutive depths, so the compacted cache is an ordinary causal prefix.
+    """
+    new_len = prefix_len + len(keep)
+    index = None
+    if keep != list(range(len(keep))):
+        index = torch.tensor([prefix_len + i for i in keep], device=cache.layers[0].keys.device)
+    for layer in cache.layers:
+        if index is not None:
+            layer.keys[:, :, prefix_len:new_len] = layer.keys.index_select(2, index)
+            layer.values[:, :, prefix_len:new_len] = layer.values.index_select(2, index)
+        if isinstance(layer, StaticLayer):
+            layer.cumulative_length.fill_(new_len)
+        else:
+            layer.keys = layer.keys[:, :, :new_len]
+            layer.values = layer.values[:, :, :new_len]

@@ -1,0 +1,140 @@
+"""`JetSpecConfig`: the draft head's configuration, and the target facts recorded for compatibility checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PretrainedConfig
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """The reference JetSpec/DFlash tap rule: one tap in the middle, or ``num_taps`` evenly spaced from layer 1 to
+    layer ``num_target_layers - 3``. Targets with fewer than 4 layers tap their last ``num_taps`` layers."""
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    if num_target_layers < 4:
+        return list(range(num_target_layers))[-num_taps:]
+    start, end = 1, num_target_layers - 3
+    return sorted({int(round(start + i * (end - start) / (num_taps - 1))) for i in range(num_taps)})
+
+
+class JetSpecConfig(PretrainedConfig):
+    """Configuration of a JetSpec causal parallel draft head.
+
+    The head reads the frozen target's hidden states after the decoder layers ``target_layer_ids`` (concatenated,
+    fused by a linear layer), and drafts ``block_size - 1`` future positions in one forward pass from the block
+    ``[anchor, mask, ..., mask]``. Its own decoder layers are Qwen3-style (q/k RMSNorm, SwiGLU MLP).
+
+    The ``target_*`` fields record the target the head was made for; using the head with another target raises.
+    """
+
+    model_type = "jetspec"
+
+    # Draft block.
+    block_size: int = 16
+    mask_token_id: int = 0
+    causal: bool = True
+    target_layer_ids: list[int] | None = None
+    # Head decoder layers (defaults come from the target in `JetSpecHead.for_target`).
+    num_hidden_layers: int = 1
+    hidden_size: int = 256
+    intermediate_size: int = 768
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False
+    initializer_range: float = 0.02
+    # Decoding defaults (overridable per call): tree nodes verified per step (root included) and width per depth.
+    tree_budget: int = 32
+    tree_width: int = 8
+    # The target the head was made for (the head's hidden_size always equals the target's).
+    vocab_size: int = 32000
+    target_num_layers: int = 4
+    target_model_type: str | None = None
+    # Provenance for the model card: base model name, training data, steps, measured tau (filled in by training).
+    base_model: str | None = None
+    training_summary: dict | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.target_layer_ids is None:
+            self.target_layer_ids = default_target_layer_ids(self.target_num_layers, 1)
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        super().__post_init__(**kwargs)
+        self.validate_head()
+
+    def validate_head(self) -> None:
+        """Raise ``ValueError`` naming the first inconsistent field."""
+        problems = []
+        if self.block_size < 2:
+            problems.append(f"block_size must be >= 2, got {self.block_size}")
+        if not self.target_layer_ids:
+            problems.append("target_layer_ids must name at least one target layer")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.target_num_layers]
+        if bad:
+            problems.append(f"target_layer_ids {bad} outside the target's {self.target_num_layers} layers")
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            problems.append(f"target_layer_ids has duplicates: {self.target_layer_ids}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            problems.append(f"mask_token_id {self.mask_token_id} outside the target vocabulary ({self.vocab_size})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            problems.append(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.tree_budget < 1 or self.tree_width < 1:
+            problems.append(f"tree_budget and tree_width must be >= 1, got {self.tree_budget}, {self.tree_width}")
+        if self.head_dim % 2:
+            problems.append(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if problems:
+            raise ValueError("Invalid JetSpecConfig: " + "; ".join(problems))
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any):
+        if "dflash_config" in config_dict:
+            config_dict = reference_to_jetspec_dict(config_dict)
+        return super().from_dict(config_dict, **kwargs)
+
+
+def reference_to_jetspec_dict(ref: dict[str, Any]) -> dict[str, Any]:
+    """Translate the reference JetSpec/DFlash checkpoint config (a Qwen3Config plus ``block_size`` and
+    ``dflash_config: {mask_token_id, target_layer_ids, causal_head}``) into `JetSpecConfig` fields.
+
+    In that layout the head's hidden size equals the target's, ``vocab_size`` is the target vocabulary and
+    ``num_target_layers`` the target depth.
+    """
+    dflash = ref["dflash_config"] or {}
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_target_layers", "vocab_size") if k not in ref]
+    if missing:
+        raise ValueError(f"Reference JetSpec/DFlash config lacks {missing}")
+    num_heads = ref.get("num_attention_heads", 32)
+    rope = ref.get("rope_parameters") or ref.get("rope_scaling") or {}
+    out = {
+        "block_size": ref.get("block_size", 16),
+        "mask_token_id": dflash.get("mask_token_id", ref.get("pad_token_id") or 0),
+        "causal": bool(dflash.get("causal_head", False)),
+        "target_layer_ids": dflash.get("target_layer_ids")
+        or default_target_layer_ids(ref["num_target_layers"], ref["num_hidden_layers"]),
+        "num_hidden_layers": ref["num_hidden_layers"],
+        "hidden_size": ref["hidden_size"],
+        "intermediate_size": ref.get("intermediate_size", 4 * ref["hidden_size"]),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": ref.get("num_key_value_heads") or num_heads,
+        "head_dim": ref.get("head_dim") or ref["hidden_size"] // num_heads,
+        "rms_norm_eps": ref.get("rms_norm_eps", 1e-6),
+        "rope_theta": rope.get("rope_theta", ref.get("rope_theta", 10000.0)),
+        "max_position_embeddings": ref.get("max_position_embeddings", 32768),
+        "attention_bias": ref.get("attention_bias", False),
+        "vocab_size": ref["vocab_size"],
+        "target_num_layers": ref["num_target_layers"],
+        "target_model_type": ref.get("target_model_type"),
+    }
+    if "_name_or_path" in ref:
+        out["_name_or_path"] = ref["_name_or_path"]
+    return out

@@ -1,0 +1,46 @@
+"""Call validation and prefill, shared by the decoding loops (batch size 1)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache import check_cache
+
+
+def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus: bool, model_kwargs: dict):
+    """Check what the single-sequence loops support; return the cache ``generate()`` prepared (checked)."""
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"hf_jetspec decodes one sequence at a time; got batch size {input_ids.shape[0]} "
+            "(num_return_sequences > 1 also counts). Loop over prompts instead."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty: give at least one token.")
+    if synced_gpus:
+        raise ValueError("synced_gpus is not supported by hf_jetspec decoding.")
+    if getattr(generation_config, "output_attentions", False) or getattr(generation_config, "output_hidden_states", False):
+        raise ValueError("output_attentions / output_hidden_states are not supported by hf_jetspec decoding.")
+    if (generation_config.num_beams or 1) > 1:
+        raise ValueError("Beam search cannot be combined with speculative decoding.")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool((mask == 1).all()):
+        raise ValueError("Padded inputs are not supported (batch size 1): pass the prompt without padding.")
+    if model.config.is_encoder_decoder:
+        raise ValueError("hf_jetspec supports decoder-only models.")
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    if cache is None or not model_kwargs.get("use_cache", True):
+        raise ValueError("hf_jetspec decoding needs the KV cache: do not pass use_cache=False.")
+    if getattr(cache, "offloading", False):
+        raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
+    check_cache(cache)
+    return cache
+
+
+def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
+    """Run the prompt through the target exactly as ``generate()`` does; return the last logits ``[1, V]`` (fp32).
+
+    ``model_kwargs`` is what ``generate()`` handed to the decoding method (cache included); it is not modified.
+    """
+    inputs = model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **model_kwargs)
+    out = model(**inputs, return_dict=True)
+    return out.logits[:, -1].to(dtype=torch.float32, copy=True)

@@ -1,0 +1,77 @@
+"""Drafters: what proposes the per-depth distributions a draft tree is built from.
+
+A drafter has ``block_size`` (it drafts depths 1 .. block_size - 1 below the anchor), ``layer_ids`` (target layers
+whose hidden states it reads; empty for none), ``start()`` (reset before a new sequence) and
+``propose(ids, new_features) -> logits [block_size - 1, V]`` where ``ids [1, L + 1]`` is the committed sequence (its
+last token is the anchor, not yet in the target's cache) and ``new_features [n, F]`` the target features of the
+positions committed since the previous call.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .head import HeadContext, JetSpecHead
+
+
+class Drafter(Protocol):
+    block_size: int
+    layer_ids: list[int]
+
+    def start(self) -> None: ...
+
+    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None) -> torch.Tensor: ...
+
+
+class HeadDrafter:
+    """Drafts with a `JetSpecHead` over the target's embeddings and LM head."""
+
+    def __init__(self, head: JetSpecHead, target) -> None:
+        if not isinstance(head, JetSpecHead):
+            raise TypeError(f"draft_head must be a JetSpecHead, got {type(head).__name__}")
+        head.check_target(target)
+        self.head = head.eval()
+        self.embed = target.get_input_embeddings()
+        self.lm_head = target.get_output_embeddings()
+        self.block_size = head.config.block_size
+        self.layer_ids = list(head.config.target_layer_ids)
+        self.context = HeadContext()
+
+    def start(self) -> None:
+        self.context = HeadContext()
+
+    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None) -> torch.Tensor:
+        if self.context.length + new_features.shape[0] != ids.shape[1] - 1:
+            raise RuntimeError(
+                f"Head context out of sync: {self.context.length} + {new_features.shape[0]} features for "
+                f"{ids.shape[1] - 1} committed positions"
+            )
+        return self.head.draft(self.context, new_features, int(ids[0, -1]), self.embed, self.lm_head)
+
+
+class OracleDrafter:
+    """Test double and benchmark upper bound: drafts a known continuation (e.g. the target's own greedy output).
+
+    ``reference [T]`` is a full token sequence (prompt + continuation); at committed length L it proposes
+    ``reference[L : L + block_size - 1]`` with near-certain confidence (other tokens get log-odds -30).
+    """
+
+    def __init__(self, reference: torch.Tensor, vocab_size: int, block_size: int = 16) -> None:
+        self.reference = reference.reshape(-1)
+        self.vocab_size = vocab_size
+        self.block_size = block_size
+        self.layer_ids: list[int] = []
+
+    def start(self) -> None:
+        pass
+
+    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None) -> torch.Tensor:
+        depth = self.block_size - 1
+        start = ids.shape[1]
+        future = self.reference[start : start + depth].to(ids.device)
+        logits = torch.zeros(depth, self.vocab_size, device=ids.device)
+        logits[: len(future)] = -30.0
+        logits[torch.arange(len(future), device=ids.device), future] = 0.0
+        return logits

@@ -1,0 +1,62 @@
+"""Capture the target's hidden states after chosen decoder layers with forward hooks.
+
+Hooks on ``decoder_layers(model)[i]`` are stable across transformers versions, unlike ``output_hidden_states``
+indexing (which changed between 5.17 and 5.23).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The target's decoder layer list (works through PEFT wrappers and multimodal text towers)."""
+    for owner in (model, getattr(model, "base_model", None)):
+        if owner is None:
+            continue
+        inner = owner.get_decoder() if hasattr(owner, "get_decoder") else None
+        for candidate in (inner, getattr(owner, "model", None), owner):
+            layers = getattr(candidate, "layers", None)
+            if isinstance(layers, nn.ModuleList):
+                return layers
+    raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (expected a `.layers` ModuleList)")
+
+
+class FeatureTap:
+    """Context manager recording the outputs of ``layer_ids`` during every forward inside it.
+
+    ``features()`` returns the concatenation ``[b, T, len(layer_ids) * H]`` of the latest forward's outputs, in
+    ``layer_ids`` order (None when no layers are tapped).
+    """
+
+    def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
+        self.layers = decoder_layers(model)
+        self.layer_ids = list(layer_ids)
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> "FeatureTap":
+        for i in self.layer_ids:
+            self._handles.append(self.layers[i].register_forward_hook(self._hook(i)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._outputs.clear()
+
+    def _hook(self, index: int):
+        def hook(module, args, output):
+            self._outputs[index] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def features(self) -> torch.Tensor | None:
+        if not self.layer_ids:
+            return None
+        missing = [i for i in self.layer_ids if i not in self._outputs]
+        if missing:
+            raise RuntimeError(f"No hidden states were captured from target layers {missing}")
+        return torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)

@@ -1,0 +1,287 @@
+"""`JetSpecHead`: the causal parallel draft head.
+
+Shapes use b = batch, C = context length (target positions already seen), q = block positions, H = hidden size,
+F = num_taps * H (concatenated target features), Hq / Hkv = query / key-value heads, D = head_dim, V = vocabulary.
+
+The fused target context is projected once per layer into keys/values that are cached between rounds
+(`HeadContext`); the block's own keys/values are recomputed every round and never cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+from .config import JetSpecConfig, default_target_layer_ids
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Default RoPE (rotate-half convention): ``positions [b, T] -> (cos, sin) [b, 1, T, D]``."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x [b, h, T, D]`` rotated by ``cos, sin [b, 1, T, D]``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class JetSpecAttention(nn.Module):
+    """Queries from the block; keys/values = [projected fused context ; block]."""
+
+    def __init__(self, config: JetSpecConfig) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.attention_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.attention_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.attention_bias)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps)
+        self.k_norm = RMSNorm(d, config.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(*x.shape[:2], n, self.head_dim).transpose(1, 2)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [b, T, H] -> (k, v) [b, Hkv, T, D]`` (k normalised and rotated)."""
+        k = apply_rotary(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.num_kv_heads)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context_kv: tuple[torch.Tensor, torch.Tensor],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """``x [b, q, H]``, context ``(k, v) [b, Hkv, C, D]``, mask bool ``[b|1, 1, q, C + q]`` -> ``[b, q, H]``."""
+        q = apply_rotary(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), cos, sin)
+        k, v = self.keys_values(x, cos, sin)
+        k = torch.cat((context_kv[0], k), dim=2)
+        v = torch.cat((context_kv[1], v), dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class JetSpecMLP(nn.Module):
+    def __init__(self, config: JetSpecConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class JetSpecLayer(nn.Module):
+    def __init__(self, config: JetSpecConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = JetSpecAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = JetSpecMLP(config)
+
+    def forward(self, x, context_kv, cos, sin, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), context_kv, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class HeadContext:
+    """The head's context cache for one sequence: per layer ``(k, v) [1, Hkv, C, D]`` of the fused target context."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.kv[0][0].shape[2] if self.kv else 0
+
+
+def block_mask(context_len: int, block_len: int, causal: bool, device: torch.device) -> torch.Tensor:
+    """Bool ``[1, 1, q, C + q]``: every context key visible; in-block causal (or full) attention."""
+    ctx = torch.ones(block_len, context_len, dtype=torch.bool, device=device)
+    blk = torch.ones(block_len, block_len, dtype=torch.bool, device=device)
+    return torch.cat((ctx, blk.tril() if causal else blk), dim=1)[None, None]
+
+
+class JetSpecHead(PreTrainedModel):
+    """Causal parallel draft head over a frozen target.
+
+    Owns neither embeddings nor LM head: the block ``[anchor, mask x (B-1)]`` is embedded with the target's input
+    embeddings and the outputs go through the target's LM head, both passed in by the caller.
+    """
+
+    config_class = JetSpecConfig
+    base_model_prefix = "jetspec"
+    main_input_name = "features"
+    _supports_sdpa = True
+
+    def __init__(self, config: JetSpecConfig) -> None:
+        super().__init__(config)
+        self.fc = nn.Linear(config.num_taps * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(JetSpecLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config.head_dim, config.rope_theta)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            module.weight.data.normal_(0.0, self.config.initializer_range)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, RMSNorm):
+            module.weight.data.fill_(1.0)
+
+    # ----------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def for_target(cls, model: PreTrainedModel, num_taps: int = 3, **overrides) -> "JetSpecHead":
+        """A fresh (untrained) head sized for ``model``; ``overrides`` set any `JetSpecConfig` field."""
+        text = model.config.get_text_config()
+        vocab = model.get_output_embeddings().weight.shape[0]
+        heads = text.num_attention_heads
+        eos = text.eos_token_id[0] if isinstance(text.eos_token_id, list) else text.eos_token_id
+        mask_id = next((t for t in (text.pad_token_id, eos) if t is not None and 0 <= t < vocab), vocab - 1)
+        rope = getattr(text, "rope_parameters", None) or {}
+        fields = dict(
+            block_size=16,
+            mask_token_id=mask_id,
+            target_layer_ids=default_target_layer_ids(text.num_hidden_layers, num_taps),
+            num_hidden_layers=2,
+            hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", getattr(text, "rope_theta", 10000.0)),
+            vocab_size=vocab,
+            target_num_layers=text.num_hidden_layers,
+            target_model_type=text.model_type,
+            base_model=model.name_or_path or None,
+        )
+        fields.update(overrides)
+        param = next(model.parameters())
+        return cls(JetSpecConfig(**fields)).to(device=param.device, dtype=param.dtype)
+
+    def check_target(self, model: PreTrainedModel) -> None:
+        """Raise ``ValueError`` listing every way ``model`` differs from the target this head was made for."""
+        text = model.config.get_text_config()
+        cfg = self.config
+        vocab = model.get_output_embeddings().weight.shape[0]
+        problems = []
+        if text.hidden_size != cfg.hidden_size:
+            problems.append(f"hidden size {text.hidden_size} != head's {cfg.hidden_size}")
+        if vocab != cfg.vocab_size:
+            problems.append(f"vocabulary {vocab} != head's {cfg.vocab_size}")
+        if text.num_hidden_layers != cfg.target_num_layers:
+            problems.append(f"{text.num_hidden_layers} layers != head's {cfg.target_num_layers}")
+        if cfg.target_model_type and text.model_type != cfg.target_model_type:
+            problems.append(f"model type {text.model_type!r} != head's {cfg.target_model_type!r}")
+        if max(cfg.target_layer_ids) >= text.num_hidden_layers:
+            problems.append(f"tap layers {cfg.target_layer_ids} exceed the target's {text.num_hidden_layers} layers")
+        if problems:
+            made_for = cfg.base_model or "another target"
+            raise ValueError(
+                f"This JetSpec head was made for {made_for}, not for this {type(model).__name__}: "
+                + "; ".join(problems)
+            )
+
+    # -------------------------------------------------------------------------------------------------- compute
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """Concatenated target features ``[b, T, F] -> [b, T, H]``."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def context_kv(self, fused: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer keys/values ``[b, Hkv, T, D]`` of the fused context at ``positions [b, T]``."""
+        cos, sin = self.rotary(positions, fused.dtype)
+        return [layer.self_attn.keys_values(fused, cos, sin) for layer in self.layers]
+
+    def decode_block(
+        self,
+        block_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        context_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Block embeddings ``[b, q, H]`` at ``positions [b, q]`` -> final hidden states ``[b, q, H]``."""
+        x = block_embeds.to(self.fc.weight.dtype)
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer, kv in zip(self.layers, context_kv):
+            x = layer(x, kv, cos, sin, mask)
+        return self.norm(x)
+
+    @torch.no_grad()
+    def draft(
+        self,
+        context: HeadContext,
+        new_features: torch.Tensor,
+        anchor: int,
+        embed_tokens: nn.Module,
+        lm_head: nn.Module,
+    ) -> torch.Tensor:
+        """One drafting round for a single sequence.
+
+        Appends ``new_features [n, F]`` (target positions ``C .. C+n-1``) to ``context``, then decodes the block
+        ``[anchor, mask x (B-1)]`` at positions ``C+n ..``. Returns logits ``[B-1, V]``: row d-1 is depth d.
+        """
+        start = context.length
+        if new_features.shape[0]:
+            positions = torch.arange(start, start + new_features.shape[0], device=new_features.device)[None]
+            new_kv = self.context_kv(self.fuse(new_features[None]), positions)
+            context.kv = new_kv if not context.kv else [
+                (torch.cat((k, nk), dim=2), torch.cat((v, nv), dim=2)) for (k, v), (nk, nv) in zip(context.kv, new_kv)
+            ]
+        length, size = context.length, self.config.block_size
+        device = self.fc.weight.device
+        block = torch.full((1, size), self.config.mask_token_id, dtype=torch.long, device=device)
+        block[0, 0] = anchor
+        positions = torch.arange(length, length + size, device=device)[None]
+        mask = block_mask(length, size, self.config.causal, device)
+        hidden = self.decode_block(embed_tokens(block), positions, context.kv, mask)
+        return lm_head(hidden[0, 1:].to(lm_head.weight.dtype))
+
+    # HF's assisted decoding reads these from an ordinary assistant model; reaching them means the target was not
+    # enabled for JetSpec heads, so say how to fix it instead of failing deep inside transformers.
+    @property
+    def generation_config(self):
+        raise TypeError(NOT_A_LANGUAGE_MODEL)
+
+    def generate(self, *args, **kwargs):
+        raise TypeError(NOT_A_LANGUAGE_MODEL)
+
+
+NOT_A_LANGUAGE_MODEL = (
+    "JetSpecHead is a draft head, not a language model. Generate with the target: call `hf_jetspec.enable(model)` "
+    "once, then `model.generate(**inputs, assistant_model=head)`; or "
+    "`model.generate(**inputs, custom_generate=hf_jetspec.jetspec_generate, draft_head=head)`."
+)

@@ -1,0 +1,45 @@
+"""``model.generate(**inputs, assistant_model=head)`` with a `JetSpecHead`, enabled per model instance.
+
+``enable(model)`` gives this one model object a subclass of its own class whose ``_assisted_decoding`` (the method
+``generate()`` dispatches to when ``assistant_model`` is set) runs JetSpec tree decoding when the assistant is a
+`JetSpecHead`, and HF's own assisted decoding otherwise. ``generate`` itself is not touched, other instances and
+the class are not touched, and the class name is kept (``save_pretrained`` writes the same ``architectures``).
+Tree settings come from the head's config (``head.config.tree_budget`` / ``tree_width``).
+"""
+
+from __future__ import annotations
+
+from .decoding.jetspec import jetspec_generate
+from .head import JetSpecHead
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                       streamer=None, inputs_tensor=None, assistant_model=None, **model_kwargs):
+    if isinstance(assistant_model, JetSpecHead):
+        for key in ("assistant_tokenizer", "tokenizer"):
+            model_kwargs.pop(key, None)
+        return jetspec_generate(
+            self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
+            draft_head=assistant_model, **model_kwargs,
+        )
+    return super(type(self), self)._assisted_decoding(
+        input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
+        streamer=streamer, inputs_tensor=inputs_tensor, assistant_model=assistant_model, **model_kwargs,
+    )
+
+
+def enable(model):
+    """Let ``model.generate(..., assistant_model=head)`` accept `JetSpecHead` s. Returns ``model`` (idempotent)."""
+    cls = type(model)
+    if cls in _SUBCLASSES.values():
+        return model
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(
+            cls.__name__,
+            (cls,),
+            {"_assisted_decoding": _assisted_decoding, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
+    model.__class__ = _SUBCLASSES[cls]
+    return model

