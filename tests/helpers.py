@@ -1,0 +1,86 @@
+"""Test helpers: tiny random targets (Qwen3, Qwen3-MoE, Llama), a scrambled oracle drafter, and the
+plain-greedy-versus-strategy comparison every equivalence test uses."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+import hf_jetspec
+
+TARGET_FAMILIES = ("qwen3", "qwen3_moe", "llama")
+
+
+def make_target(family: str, seed: int = 0, vocab: int = 128, layers: int = 4, hidden: int = 64, heads: int = 4,
+                kv_heads: int = 2, **extra):
+    """A tiny randomly initialised float32 causal LM in eval mode. A larger init spread than HF's default keeps
+    the greedy continuations varied (not one repeated token) and top-2 logit gaps far above float32 noise."""
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, max_position_embeddings=1024, initializer_range=0.2, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    common.update(extra)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(intermediate_size=2 * hidden, head_dim=hidden // heads, **common))
+    elif family == "qwen3_moe":
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            intermediate_size=2 * hidden, moe_intermediate_size=hidden, num_experts=4, num_experts_per_tok=2,
+            head_dim=hidden // heads, decoder_sparse_step=1, **common))
+    elif family == "llama":
+        model = LlamaForCausalLM(LlamaConfig(intermediate_size=2 * hidden, **common))
+    else:
+        raise ValueError(family)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+class ScrambledOracle:
+    """A drafter that knows the target's continuation but ranks it unreliably: at each depth the true token is
+    ranked first with probability ``p_first``, second with ``p_second``, else it gets a random logit. The scramble
+    depends only on (seed, absolute position, depth), so runs are reproducible. Accepted lengths vary from 1 to the
+    full block, and accepted paths often leave the first branch (exercising cache compaction)."""
+
+    def __init__(self, reference: torch.Tensor, vocab: int, block_size: int, seed: int = 0,
+                 p_first: float = 0.6, p_second: float = 0.25) -> None:
+        self.reference = reference.reshape(-1)
+        self.vocab, self.block_size, self.seed = vocab, block_size, seed
+        self.p_first, self.p_second = p_first, p_second
+        self.layer_ids: list[int] = []
+
+    def start(self) -> None:
+        pass
+
+    def propose(self, ids: torch.Tensor, new_features) -> torch.Tensor:
+        start, depth = ids.shape[1], self.block_size - 1
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + start)
+        logits = torch.randn(depth, self.vocab, generator=gen) * 2
+        u = torch.rand(depth, generator=gen)
+        future = self.reference[start : start + depth]
+        for d, token in enumerate(future.tolist()):
+            top2 = logits[d].topk(2).values
+            if u[d] < self.p_first:
+                logits[d, token] = top2[0] + 1.0
+            elif u[d] < self.p_first + self.p_second:
+                logits[d, token] = (top2[0] + top2[1]) / 2
+        return logits
+
+
+def greedy_reference(model, prompt: torch.Tensor, **gen_kwargs) -> torch.Tensor:
+    return model.generate(prompt, do_sample=False, **gen_kwargs)
+
+
+def jetspec(model, prompt: torch.Tensor, **kwargs):
+    return model.generate(prompt, do_sample=False, custom_generate=hf_jetspec.jetspec_generate, **kwargs)
+
+
+def assert_same_tokens(reference: torch.Tensor, output: torch.Tensor, context: str = "") -> None:
+    if not torch.equal(reference, output):
+        ref, out = reference[0].tolist(), output[0].tolist()
+        first = next((i for i, (a, b) in enumerate(zip(ref, out)) if a != b), min(len(ref), len(out)))
+        raise AssertionError(
+            f"Output differs from plain greedy generate at position {first} {context}\n"
+            f"  greedy  ({len(ref)}): {ref}\n  strategy({len(out)}): {out}"
+        )
