@@ -1,5 +1,7 @@
 """hf_jetspec: lossless JetSpec tree speculative decoding (and Jacobi decoding) for Hugging Face transformers."""
 
+from transformers import AutoConfig, AutoModel
+
 from .config import JetSpecConfig
 from .decoding import jetspec_generate
 from .drafters import HeadDrafter, OracleDrafter
@@ -9,6 +11,10 @@ from .outputs import DecodingStats, JetSpecGenerateOutput
 from .tree import DraftTree, best_first_tree, chain_tree
 
 __version__ = "0.1.0"
+
+# Make heads loadable through the Auto classes too: AutoConfig / AutoModel.from_pretrained(head_dir).
+AutoConfig.register(JetSpecConfig.model_type, JetSpecConfig, exist_ok=True)
+AutoModel.register(JetSpecConfig, JetSpecHead, exist_ok=True)
 
 __all__ = [
     "DecodingStats",

@@ -9,6 +9,7 @@ The fused target context is projected once per layer into keys/values that are c
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .config import JetSpecConfig, default_target_layer_ids
+from .hub import model_card, push_head
 
 
 class RMSNorm(nn.Module):
@@ -37,8 +39,11 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("inv_freq", self.frequencies(), persistent=False)
+
+    def frequencies(self) -> torch.Tensor:
+        return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
@@ -161,6 +166,8 @@ class JetSpecHead(PreTrainedModel):
                 module.bias.data.zero_()
         elif isinstance(module, RMSNorm):
             module.weight.data.fill_(1.0)
+        elif isinstance(module, Rotary):  # non-persistent: from_pretrained leaves it uninitialised otherwise
+            module.inv_freq.data.copy_(module.frequencies())
 
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -215,6 +222,27 @@ class JetSpecHead(PreTrainedModel):
                 f"This JetSpec head was made for {made_for}, not for this {type(model).__name__}: "
                 + "; ".join(problems)
             )
+
+    # ------------------------------------------------------------------------------------------------ save / load
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> "JetSpecHead":
+        """Load a head (this library's layout or the reference JetSpec/DFlash layout). Unlike transformers'
+        default, missing, unexpected or mis-shaped weights raise instead of being silently re-initialised."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        problems = {key: info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(key)}
+        if problems:
+            raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {pretrained_model_name_or_path!s}: {problems}")
+        return (model, info) if want_info else model
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """``PreTrainedModel.save_pretrained`` (config.json + model.safetensors) plus a README.md model card."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        model_card(self.config).save(os.path.join(save_directory, "README.md"))
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload weights, config and model card to the Hub (see `hf_jetspec.hub.push_head`)."""
+        return push_head(self, repo_id, **kwargs)
 
     # -------------------------------------------------------------------------------------------------- compute
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
