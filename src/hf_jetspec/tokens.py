@@ -42,11 +42,15 @@ class TokenWriter:
     """The growing sequence. ``emit`` appends one token, records scores, checks the stopping criteria; the
     streamer receives each step's tokens together when ``flush`` is called."""
 
-    def __init__(self, input_ids, stopping_criteria, generation_config, streamer=None) -> None:
+    def __init__(self, input_ids, stopping_criteria, generation_config, streamer=None, token_streamer=None) -> None:
+        """``streamer``: generate()'s own (it already received the prompt); ``token_streamer``: one passed to a
+        custom_generate callable, which receives the prompt here first, as generate() would have done."""
         self.ids = input_ids
         self.prompt_len = input_ids.shape[1]
         self.stopping_criteria = stopping_criteria
-        self.streamer = streamer
+        self.streamer = streamer or token_streamer
+        if streamer is None and token_streamer is not None:
+            token_streamer.put(input_ids.cpu())
         want = generation_config.return_dict_in_generate
         self.scores: tuple | None = () if want and generation_config.output_scores else None
         self.raw_logits: tuple | None = () if want and generation_config.output_logits else None

@@ -86,7 +86,7 @@ def jetspec_generate(
     plan = plan_tree_attention(model, tree_kernel)
     cache_key = cache_kwarg(model)
     selector = TokenSelector(logits_processor, generation_config, generator)
-    writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer or token_streamer)
+    writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer, token_streamer)
     timer, stats = Timer(input_ids.device), DecodingStats()
 
     start = timer.now()

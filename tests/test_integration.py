@@ -1,0 +1,199 @@
+"""generate() integration: custom_generate and assistant_model routes, streamers, logits processors, stopping
+criteria, returned scores, caches, attention implementations and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import ScrambledOracle, assert_same_tokens, greedy_reference, jetspec, make_target
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+import hf_jetspec
+from hf_jetspec import JetSpecHead, OracleDrafter
+from hf_jetspec.attention import plan_tree_attention
+
+PROMPT = torch.tensor([[5, 17, 33, 9, 71, 4]])
+
+
+class Recorder(BaseStreamer):
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_assistant_model_route(family):
+    model = make_target(family)
+    head = JetSpecHead.for_target(model, block_size=8, tree_budget=16)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=30)
+    with pytest.raises(TypeError, match="enable"):
+        model.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=head)
+    assert hf_jetspec.enable(model) is model and hf_jetspec.enable(model) is model
+    assert type(model).__name__ == type(make_target(family)).__name__
+    out = model.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=head,
+                         return_dict_in_generate=True)
+    assert_same_tokens(reference, out.sequences)
+    assert sum(out.accept_lengths) + 1 == reference.shape[1] - PROMPT.shape[1]
+    # An ordinary assistant model keeps transformers' own assisted decoding.
+    assistant = make_target(family, seed=5)
+    assert_same_tokens(reference, model.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=assistant))
+
+
+def test_enable_touches_only_that_instance():
+    a, b = make_target("qwen3"), make_target("qwen3")
+    hf_jetspec.enable(a)
+    assert type(a) is not type(b) and isinstance(a, type(b))
+    head = JetSpecHead.for_target(b)
+    with pytest.raises(TypeError, match="enable"):
+        b.generate(PROMPT, max_new_tokens=3, do_sample=False, assistant_model=head)
+
+
+def test_streamer_receives_accepted_runs():
+    model = make_target("llama")
+    reference = greedy_reference(model, PROMPT, max_new_tokens=40)
+    recorder = Recorder()
+    hf_jetspec.enable(model)
+    head = JetSpecHead.for_target(model, block_size=8)
+    drafter = ScrambledOracle(reference, 128, 8, seed=1)
+    out = jetspec(model, PROMPT, drafter=drafter, max_new_tokens=40, token_streamer=recorder,
+                  return_dict_in_generate=True)
+    assert_same_tokens(reference, out.sequences)
+    assert recorder.ended
+    # First the prompt (from generate itself), then the prefill token, then one chunk per verify step.
+    assert recorder.chunks[0] == PROMPT[0].tolist()
+    assert [len(c) for c in recorder.chunks[1:]] == [1] + out.accept_lengths
+    assert sum(recorder.chunks[1:], []) == reference[0, PROMPT.shape[1]:].tolist()
+    # The assistant_model route forwards generate()'s own streamer.
+    recorder = Recorder()
+    model.generate(PROMPT, max_new_tokens=40, do_sample=False, assistant_model=head, streamer=recorder)
+    assert recorder.ended and sum(recorder.chunks[1:], []) == reference[0, PROMPT.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(repetition_penalty=1.5),
+        dict(no_repeat_ngram_size=2),
+        dict(repetition_penalty=1.3, min_new_tokens=20, eos_token_id=7),
+        dict(bad_words_ids=[[17], [33, 9]], suppress_tokens=[4, 5]),
+        dict(sequence_bias={(71,): 3.0}),
+    ],
+)
+def test_logits_processors_match_plain_generate(family, settings):
+    model = make_target(family, seed=4)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=40, **settings)
+    drafter = ScrambledOracle(reference, 128, 8, seed=2)
+    out = jetspec(model, PROMPT, drafter=drafter, tree_budget=24, max_new_tokens=40, **settings)
+    assert_same_tokens(reference, out, str(settings))
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_custom_stopping_criteria_and_max_length():
+    model = make_target("qwen3", seed=6)
+    free_run = greedy_reference(model, PROMPT, max_new_tokens=40)
+    stop = StoppingCriteriaList([StopAfterToken(int(free_run[0, PROMPT.shape[1] + 9]))])
+    reference = greedy_reference(model, PROMPT, max_new_tokens=40, stopping_criteria=stop)
+    out = jetspec(model, PROMPT, drafter=OracleDrafter(free_run, 128, 16), tree_budget=16, max_new_tokens=40,
+                  stopping_criteria=stop)
+    assert_same_tokens(reference, out)
+    for max_length in (PROMPT.shape[1] + 1, PROMPT.shape[1] + 5, 30):
+        reference = greedy_reference(model, PROMPT, max_length=max_length)
+        out = jetspec(model, PROMPT, drafter=OracleDrafter(free_run, 128, 16), max_length=max_length)
+        assert_same_tokens(reference, out, f"max_length={max_length}")
+
+
+def test_returned_scores_and_logits_match_plain_generate():
+    model = make_target("llama", seed=7)
+    kwargs = dict(max_new_tokens=25, return_dict_in_generate=True, output_scores=True, output_logits=True,
+                  repetition_penalty=1.2)
+    reference = model.generate(PROMPT, do_sample=False, **kwargs)
+    drafter = ScrambledOracle(reference.sequences, 128, 6, seed=3)
+    out = jetspec(model, PROMPT, drafter=drafter, **kwargs)
+    assert_same_tokens(reference.sequences, out.sequences)
+    assert len(out.scores) == len(reference.scores) == len(out.logits)
+    for a, b in zip(out.scores, reference.scores):
+        assert torch.allclose(a, b, atol=1e-4)
+    for a, b in zip(out.logits, reference.logits):
+        assert torch.allclose(a, b, atol=1e-4)
+    assert out.cache.get_seq_length() == reference.cache.get_seq_length() if hasattr(out, "cache") else True
+
+
+def test_static_cache(family):
+    model = make_target(family, seed=8)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=30)
+    drafter = ScrambledOracle(reference, 128, 8, seed=4)
+    out = jetspec(model, PROMPT, drafter=drafter, tree_budget=32, max_new_tokens=30, cache_implementation="static")
+    assert_same_tokens(reference, out)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_attention_implementations_with_a_tree_mask(impl):
+    model = make_target("qwen3", seed=9, attn_implementation=impl)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=30)
+    out = jetspec(model, PROMPT, drafter=ScrambledOracle(reference, 128, 8, seed=5), max_new_tokens=30)
+    assert_same_tokens(reference, out, impl)
+
+
+def test_tree_attention_plan():
+    model = make_target("qwen3")
+    config = model.config
+    for impl, expected in [("sdpa", "sdpa"), ("eager", "eager"), ("flash_attention_2", "sdpa"),
+                           ("flash_attention_3", "sdpa")]:
+        config._attn_implementation = impl
+        plan = plan_tree_attention(model, use_kernel=False)
+        assert plan.implementation == expected and not plan.kernel
+    config._attn_implementation = "paged|sdpa"
+    with pytest.raises(ValueError, match="cannot take a tree attention mask"):
+        plan_tree_attention(model, use_kernel=False)
+
+
+def test_clear_errors():
+    model = make_target("qwen3")
+    head = JetSpecHead.for_target(model)
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        jetspec(model, PROMPT.repeat(2, 1), draft_head=head, max_new_tokens=5)
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        model.generate(PROMPT, do_sample=True, num_return_sequences=2, max_new_tokens=5,
+                       custom_generate=hf_jetspec.jetspec_generate, draft_head=head)
+    with pytest.raises(ValueError, match="draft head"):
+        jetspec(model, PROMPT, max_new_tokens=5)
+    with pytest.raises(TypeError, match="JetSpecHead"):
+        jetspec(model, PROMPT, draft_head=make_target("qwen3"), max_new_tokens=5)
+    with pytest.raises(ValueError, match="tree_builder"):
+        jetspec(model, PROMPT, draft_head=head, tree_builder="beam", max_new_tokens=5)
+    with pytest.raises(ValueError, match="tree_budget"):
+        jetspec(model, PROMPT, draft_head=head, tree_budget=0, max_new_tokens=5)
+    with pytest.raises(ValueError, match="Padded"):
+        jetspec(model, PROMPT, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]), draft_head=head, max_new_tokens=5)
+    with pytest.raises(ValueError, match="KV cache"):
+        jetspec(model, PROMPT, draft_head=head, use_cache=False, max_new_tokens=5)
+
+
+def test_sliding_window_cache_is_refused():
+    model = make_target("qwen3", use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    head = JetSpecHead.for_target(model)
+    with pytest.raises(ValueError, match="sliding-window"):
+        jetspec(model, PROMPT, draft_head=head, max_new_tokens=5)
+
+
+def test_bf16_target_runs_and_reports_drift():
+    """bf16 multi-token forwards round differently from one-token decoding: the loop must run and stay close;
+    exact equality is only promised in float32 (see docs/compatibility.md)."""
+    model = make_target("qwen3", seed=10).to(torch.bfloat16)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=30)
+    out = jetspec(model, PROMPT, drafter=OracleDrafter(reference, 128, 8), max_new_tokens=30,
+                  return_dict_in_generate=True)
+    assert out.sequences.shape[1] == reference.shape[1]
+    assert out.sequences[0, : PROMPT.shape[1] + 1].tolist() == reference[0, : PROMPT.shape[1] + 1].tolist()
