@@ -299,10 +299,12 @@ class JetSpecHead(PreTrainedModel):
         return lm_head(hidden[0, 1:].to(lm_head.weight.dtype))
 
     # HF's assisted decoding reads these from an ordinary assistant model; reaching them means the target was not
-    # enabled for JetSpec heads, so say how to fix it instead of failing deep inside transformers.
-    @property
-    def generation_config(self):
-        raise TypeError(NOT_A_LANGUAGE_MODEL)
+    # enabled for JetSpec heads, so say how to fix it instead of failing deep inside transformers. (An
+    # AttributeError, so `hasattr(head, "generation_config")` stays False for code that probes it.)
+    def __getattr__(self, name: str):
+        if name == "generation_config":
+            raise AttributeError(NOT_A_LANGUAGE_MODEL)
+        return super().__getattr__(name)
 
     def generate(self, *args, **kwargs):
         raise TypeError(NOT_A_LANGUAGE_MODEL)

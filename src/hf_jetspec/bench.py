@@ -1,0 +1,302 @@
+"""Side-by-side decoding benchmark: every strategy on the same prompts, interleaved, in one process.
+
+Per prompt, plain greedy ``generate()`` runs first (it is both the baseline and the reference output), then every
+other strategy. Target forwards are counted with a forward pre-hook on the target, so "tokens per target forward"
+(tau) means the same thing for every strategy. A greedy strategy whose output differs from plain greedy's is a
+mismatch; in float32 that is a bug and makes the command fail.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from .decoding.jetspec import jetspec_generate
+from .drafters import OracleDrafter
+from .prompts import Prompt
+
+STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jetspec", "jetspec-chain", "jetspec-oracle")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """``kind`` from `STRATEGY_KINDS`; ``budget``: tree budget for JetSpec kinds."""
+
+    kind: str
+    budget: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}@{self.budget}" if self.budget is not None else self.kind
+
+
+def parse_strategies(text: str, budgets: list[int]) -> list[Strategy]:
+    """``"ar,jetspec,prompt-lookup"`` -> strategies; JetSpec kinds expand over ``budgets``. ``ar`` is always first."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in STRATEGY_KINDS]
+    if unknown:
+        raise ValueError(f"Unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGY_KINDS)}")
+    out = [Strategy("ar")]
+    for kind in kinds:
+        if kind == "ar":
+            continue
+        if kind.startswith("jetspec"):
+            out += [Strategy(kind, b) for b in budgets]
+        else:
+            out.append(Strategy(kind))
+    return out
+
+
+@dataclass
+class Resources:
+    """What the strategies need besides the target: the head, a draft model, decoding settings."""
+
+    head: object | None = None
+    draft_model: object | None = None
+    block_size: int = 16
+    prompt_lookup_tokens: int = 10
+
+
+@dataclass
+class Run:
+    prompt_id: str
+    category: str
+    strategy: str
+    new_tokens: int
+    seconds: float
+    target_forwards: int
+    matches_greedy: bool | None = None
+    overhead_share: float | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / max(1, self.target_forwards)
+
+
+@contextmanager
+def count_forwards(model):
+    """Count calls of ``model.forward`` (each is one target forward pass)."""
+    counter = [0]
+    handle = model.register_forward_pre_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    try:
+        yield counter
+    finally:
+        handle.remove()
+
+
+def _generate_kwargs(strategy: Strategy, resources: Resources, reference: torch.Tensor | None, vocab: int) -> dict:
+    kind = strategy.kind
+    if kind == "ar":
+        return {}
+    if kind == "prompt-lookup":
+        return {"prompt_lookup_num_tokens": resources.prompt_lookup_tokens}
+    if kind == "assisted":
+        if resources.draft_model is None:
+            raise ValueError("The 'assisted' strategy needs --draft-model")
+        return {"assistant_model": resources.draft_model}
+    common = {"custom_generate": jetspec_generate, "tree_budget": strategy.budget, "return_dict_in_generate": True}
+    if kind == "jetspec-oracle":
+        return common | {"drafter": OracleDrafter(reference, vocab, resources.block_size)}
+    if resources.head is None:
+        raise ValueError(f"The {kind!r} strategy needs a draft head")
+    builder = "chain" if kind == "jetspec-chain" else "best_first"
+    return common | {"draft_head": resources.head, "tree_builder": builder}
+
+
+def run_strategy(model, input_ids: torch.Tensor, strategy: Strategy, max_new_tokens: int, resources: Resources,
+                 reference: torch.Tensor | None = None) -> tuple[torch.Tensor, float, int, float | None]:
+    """Generate greedily with ``strategy``; return (sequence [1, T], seconds, target forwards, overhead share)."""
+    kwargs = _generate_kwargs(strategy, resources, reference, model.get_output_embeddings().weight.shape[0])
+    with count_forwards(model) as forwards:
+        start = time.perf_counter()
+        out = model.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
+        seconds = time.perf_counter() - start
+    stats = getattr(out, "stats", None)
+    sequences = out.sequences if hasattr(out, "sequences") else out
+    return sequences, seconds, forwards[0], None if stats is None else stats.overhead_share
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = True) -> torch.Tensor:
+    if chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    return tokenizer(text, return_tensors="pt")["input_ids"]
+
+
+@dataclass
+class BenchResult:
+    runs: list[Run] = field(default_factory=list)
+    strategies: list[str] = field(default_factory=list)
+    mismatches: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self, runs: list[Run] | None = None) -> dict[str, dict]:
+        """Per strategy: tau, tokens_per_s, speedup (median and mean of per-prompt ratios vs ar),
+        target_forwards_per_token, matches_greedy, prompts."""
+        runs = self.runs if runs is None else runs
+        by_prompt = {(r.prompt_id, r.strategy): r for r in runs}
+        out = {}
+        for name in self.strategies:
+            mine = [r for r in runs if r.strategy == name]
+            if not mine:
+                continue
+            ratios = [r.tokens_per_s / by_prompt[(r.prompt_id, "ar")].tokens_per_s for r in mine
+                      if by_prompt[(r.prompt_id, "ar")].tokens_per_s > 0]
+            tokens, seconds = sum(r.new_tokens for r in mine), sum(r.seconds for r in mine)
+            forwards = sum(r.target_forwards for r in mine)
+            overheads = [r.overhead_share for r in mine if r.overhead_share is not None]
+            out[name] = {
+                "prompts": len(mine),
+                "tau": tokens / max(1, forwards),
+                "tokens_per_s": tokens / seconds if seconds else 0.0,
+                "speedup": statistics.median(ratios) if ratios else None,
+                "speedup_mean": statistics.fmean(ratios) if ratios else None,
+                "target_forwards_per_token": forwards / max(1, tokens),
+                "matches_greedy": all(r.matches_greedy is not False for r in mine),
+                "mismatched_prompts": sum(r.matches_greedy is False for r in mine),
+                "loop_overhead_share": statistics.fmean(overheads) if overheads else None,
+            }
+        return out
+
+    def per_category(self) -> dict[str, dict[str, dict]]:
+        categories = sorted({r.category for r in self.runs})
+        return {c: self.summary([r for r in self.runs if r.category == c]) for c in categories}
+
+
+def benchmark(model, tokenizer, prompts: list[Prompt], strategies: list[Strategy], max_new_tokens: int,
+              resources: Resources, chat: bool = True, warmup: bool = True,
+              on_mismatch: Callable[[str, str], None] | None = None) -> BenchResult:
+    """Run every strategy on every prompt (plain greedy first), interleaved, after one warm-up round."""
+    result = BenchResult(strategies=[s.name for s in strategies])
+    encoded = [encode_prompt(tokenizer, p.text, chat).to(model.device) for p in prompts]
+    if warmup and encoded:
+        reference, *_ = run_strategy(model, encoded[0], strategies[0], min(16, max_new_tokens), resources)
+        for strategy in strategies[1:]:
+            run_strategy(model, encoded[0], strategy, min(16, max_new_tokens), resources, reference)
+    bar = tqdm(total=len(prompts) * len(strategies), desc="benchmark", unit="run")
+    for prompt, ids in zip(prompts, encoded):
+        reference, seconds, forwards, _ = run_strategy(model, ids, strategies[0], max_new_tokens, resources)
+        result.runs.append(Run(prompt.id, prompt.category, "ar", reference.shape[1] - ids.shape[1], seconds, forwards, True))
+        bar.update()
+        for strategy in strategies[1:]:
+            out, seconds, forwards, overhead = run_strategy(model, ids, strategy, max_new_tokens, resources, reference)
+            same = torch.equal(out, reference)
+            result.runs.append(Run(prompt.id, prompt.category, strategy.name, out.shape[1] - ids.shape[1], seconds,
+                                   forwards, same, overhead))
+            if not same:
+                result.mismatches.append((prompt.id, strategy.name))
+                if on_mismatch is not None:
+                    on_mismatch(prompt.id, strategy.name)
+            bar.update()
+    bar.close()
+    return result
+
+
+def machine_info(model) -> dict:
+    import transformers
+
+    from . import __version__
+
+    device = next(model.parameters()).device
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_jetspec": __version__,
+        "device": str(device),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def write_json(path: str | Path, result: BenchResult, model, settings: dict) -> dict:
+    payload = {
+        "machine": machine_info(model),
+        "settings": settings,
+        "strategies": result.summary(),
+        "per_category": result.per_category(),
+        "mismatches": [{"prompt": p, "strategy": s} for p, s in result.mismatches],
+        "runs": [asdict(r) | {"tau": r.tau, "tokens_per_s": r.tokens_per_s} for r in result.runs],
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2))
+    return payload
+
+
+def format_table(summary: dict[str, dict]) -> str:
+    header = f"{'strategy':<22}{'tau':>7}{'tok/s':>9}{'speedup':>9}{'mean':>7}{'fwd/tok':>9}{'overhead':>10}  greedy"
+    lines = [header, "-" * len(header)]
+    for name, s in summary.items():
+        speed = "-" if s["speedup"] is None else f"{s['speedup']:.2f}x"
+        mean = "-" if s["speedup_mean"] is None else f"{s['speedup_mean']:.2f}"
+        overhead = "-" if s["loop_overhead_share"] is None else f"{100 * s['loop_overhead_share']:.1f}%"
+        same = "same" if s["matches_greedy"] else f"DIFFERS ({s['mismatched_prompts']})"
+        lines.append(f"{name:<22}{s['tau']:>7.2f}{s['tokens_per_s']:>9.2f}{speed:>9}{mean:>7}"
+                     f"{s['target_forwards_per_token']:>9.3f}{overhead:>10}  {same}")
+    return "\n".join(lines)
+
+
+def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
+    """PNG plots: speedup and tau per category per strategy, and tau vs budget for JetSpec kinds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    per_cat = result.per_category()
+    categories = list(per_cat)
+    names = [n for n in result.strategies if n != "ar"]
+    paths = []
+    for metric, label in (("speedup", "speedup over plain greedy (median)"), ("tau", "tokens per target forward")):
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(names)) / 2), 4))
+        width = 0.8 / max(1, len(names))
+        for i, name in enumerate(names):
+            values = [per_cat[c].get(name, {}).get(metric) or 0.0 for c in categories]
+            ax.bar([x + i * width for x in range(len(categories))], values, width, label=name)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], categories, rotation=30, ha="right")
+        ax.set_ylabel(label)
+        if metric == "speedup":
+            ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        path = directory / f"{metric}_per_category.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    overall = result.summary()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    kinds = sorted({n.split("@")[0] for n in overall if "@" in n})
+    for kind in kinds:
+        points = sorted((int(n.split("@")[1]), s["tau"]) for n, s in overall.items() if n.startswith(kind + "@"))
+        ax.plot([b for b, _ in points], [t for _, t in points], marker="o", label=kind)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree budget (nodes verified per step)")
+    ax.set_ylabel("tokens per target forward")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = directory / "tau_vs_budget.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    paths.append(path)
+    return paths

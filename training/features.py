@@ -1,0 +1,113 @@
+"""Target states for training: tapped-layer features and the final hidden state (teacher logits = LM head of it).
+
+Computed online per batch (`target_states`), or once for a whole data set and stored in safetensors shards
+(`build_feature_store` / `FeatureStore`) so that several epochs pay for the target forward only once.
+Stored: ``features [T, F]`` and ``final [T, H]`` in bfloat16, ``input_ids [T]`` in int32, per sequence.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from hf_jetspec.features import FeatureTap
+
+
+def decoder_of(target):
+    """The target's base decoder (returns post-norm ``last_hidden_state``), also through PEFT wrappers."""
+    inner = target.get_base_model() if hasattr(target, "get_base_model") else target
+    return inner.get_decoder()
+
+
+@torch.no_grad()
+def target_states(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, layer_ids: list[int]):
+    """Teacher-forced target pass: ``input_ids [b, T]`` -> (features ``[b, T, F]``, final hidden ``[b, T, H]``)."""
+    with FeatureTap(target, layer_ids) as tap:
+        out = decoder_of(target)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return tap.features(), out.last_hidden_state
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build_feature_store(target, rows: list[dict], layer_ids: list[int], out_dir: str | Path,
+                        shard_size: int = 256, batch_tokens: int = 4096) -> Path:
+    """Compute and store target states for ``rows`` (``{"id", "input_ids", "prompt_len"}``) in shards of
+    ``shard_size`` sequences. Resumable: finished shards are kept. Returns ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").write_text(json.dumps({"layer_ids": layer_ids, "count": len(rows)}))
+    shards = [rows[i : i + shard_size] for i in range(0, len(rows), shard_size)]
+    for number, shard in enumerate(tqdm(shards, desc="feature shards", unit="shard")):
+        path = out / f"shard_{number:05d}.safetensors"
+        if path.exists():
+            continue
+        tensors, index = {}, []
+        order = sorted(range(len(shard)), key=lambda i: len(shard[i]["input_ids"]))
+        batch: list[int] = []
+        for i in order + [None]:
+            longest = len(shard[batch[-1]]["input_ids"]) if batch else 0
+            if batch and (i is None or (len(batch) + 1) * max(longest, len(shard[i]["input_ids"])) > batch_tokens):
+                _store_batch(target, [shard[j] for j in batch], layer_ids, tensors, index)
+                batch = []
+            if i is not None:
+                batch.append(i)
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata={"index": json.dumps(index)})
+        tmp.rename(path)
+    return out
+
+
+def _store_batch(target, rows, layer_ids, tensors: dict, index: list) -> None:
+    device = next(target.parameters()).device
+    lengths = [len(r["input_ids"]) for r in rows]
+    ids = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : lengths[i]] = torch.tensor(r["input_ids"])
+        mask[i, : lengths[i]] = 1
+    features, final = target_states(target, ids.to(device), mask.to(device), layer_ids)
+    for i, r in enumerate(rows):
+        key = f"s{len(index)}"
+        n = lengths[i]
+        tensors[f"{key}.features"] = features[i, :n].to("cpu", torch.bfloat16).contiguous()
+        tensors[f"{key}.final"] = final[i, :n].to("cpu", torch.bfloat16).contiguous()
+        tensors[f"{key}.input_ids"] = ids[i, :n].to(torch.int32).contiguous()
+        index.append({"key": key, "id": r["id"], "prompt_len": r["prompt_len"], "length": n})
+
+
+class FeatureStore:
+    """Read-only view of a store written by `build_feature_store`: ``len()`` sequences, ``store[i]`` a dict with
+    input_ids ``[T]``, features ``[T, F]``, final ``[T, H]`` (bfloat16, memory-mapped), prompt_len."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        meta = json.loads((self.directory / "meta.json").read_text())
+        self.layer_ids = meta["layer_ids"]
+        self.items: list[tuple[Path, dict]] = []
+        for path in sorted(self.directory.glob("shard_*.safetensors")):
+            with safe_open(str(path), framework="pt") as f:
+                self.items += [(path, entry) for entry in json.loads(f.metadata()["index"])]
+        self._open: dict[Path, object] = {}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        path, entry = self.items[i]
+        if path not in self._open:
+            self._open[path] = safe_open(str(path), framework="pt")
+        f, key = self._open[path], entry["key"]
+        return {
+            "input_ids": f.get_tensor(f"{key}.input_ids").long(),
+            "features": f.get_tensor(f"{key}.features"),
+            "final": f.get_tensor(f"{key}.final"),
+            "prompt_len": entry["prompt_len"],
+        }

@@ -1,0 +1,111 @@
+"""The JetSpec training objective: forward KL(target || head) on the block positions of random anchors.
+
+Shapes: b sequences of (padded) length T, m anchors per sequence, block size B, F = taps * H features, V vocab.
+
+For an anchor at position a, the block ``[x_a, mask x (B-1)]`` sits at positions a .. a+B-1 and attends to the
+fused target context at positions < a (what the head has at inference) and causally within the block. Block slot
+k (depth k >= 1) predicts token x_{a+k}; its teacher is the target's distribution at position a+k-1 (teacher
+forced). The anchor slot (k = 0) gets no loss, nor do slots past the sequence end.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def sample_anchors(lengths: torch.Tensor, starts: torch.Tensor, num_anchors: int, generator=None) -> torch.Tensor:
+    """Random anchor positions ``[b, m]`` (without replacement; -1 = padding when a sequence has fewer).
+
+    A sequence of length L supervised from position ``start`` (e.g. prompt length - 1) takes anchors in
+    ``[start, L - 2]``, so at least depth 1 of each block is inside the sequence.
+    """
+    rows = []
+    for length, start in zip(lengths.tolist(), starts.tolist()):
+        candidates = torch.arange(max(0, start), max(0, length - 1))
+        pick = candidates[torch.randperm(len(candidates), generator=generator)[:num_anchors]].sort().values
+        rows.append(F.pad(pick, (0, num_anchors - len(pick)), value=-1))
+    return torch.stack(rows)
+
+
+def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[b, m] -> [b, m, B]`` absolute positions a + k (padding anchors give negative positions)."""
+    return anchors[..., None] + torch.arange(block_size, device=anchors.device)
+
+
+def training_mask(anchors: torch.Tensor, seq_len: int, block_size: int, causal: bool = True) -> torch.Tensor:
+    """Bool ``[b, 1, m*B, T + m*B]``: block (j, s) sees context positions < a_j, and block keys (j, s') with s' <= s
+    (or every s' when not causal). Padding anchors see only their own slot (keeps softmax finite)."""
+    b, m = anchors.shape
+    q = m * block_size
+    slot = torch.arange(block_size, device=anchors.device)
+    ctx = torch.arange(seq_len, device=anchors.device)[None, None, None, :] < anchors[..., None, None]
+    ctx = ctx.expand(b, m, block_size, seq_len).reshape(b, q, seq_len)
+    same_block = torch.eye(m, dtype=torch.bool, device=anchors.device)
+    within = slot[None, :] <= slot[:, None] if causal else torch.ones(block_size, block_size, dtype=torch.bool,
+                                                                      device=anchors.device)
+    blk = (same_block[:, None, :, None] & within[None, :, None, :]).reshape(q, q)
+    blk = blk[None].expand(b, q, q)
+    mask = torch.cat((ctx, blk), dim=-1)
+    return mask[:, None]
+
+
+def depth_weights(block_size: int, decay: float | None, device=None) -> torch.Tensor:
+    """Loss weight per block slot ``[B]``: 0 for the anchor, 1 (uniform) or exp(-(k-1)/decay) for depth k."""
+    k = torch.arange(block_size, device=device, dtype=torch.float32)
+    w = torch.ones(block_size, device=device) if decay is None else torch.exp(-(k - 1) / decay)
+    w[0] = 0.0
+    return w
+
+
+def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per-row KL(softmax(t/T) || softmax(s/T)) * T^2 for ``[N, V]`` logits -> ``[N]``."""
+    t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    s = torch.log_softmax(student_logits.float() / temperature, dim=-1)
+    return (t.exp() * (t - s)).sum(-1) * temperature**2
+
+
+def head_block_hidden(head, features: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
+                      embed_tokens) -> torch.Tensor:
+    """Run the head on every anchor's block: features ``[b, T, F]``, ids ``[b, T]``, anchors ``[b, m]`` ->
+    final hidden states ``[b, m, B, H]``."""
+    b, seq_len = input_ids.shape
+    block_size = head.config.block_size
+    m = anchors.shape[1]
+    fused = head.fuse(features)
+    ctx_kv = head.context_kv(fused, torch.arange(seq_len, device=input_ids.device)[None].expand(b, -1))
+    positions = block_positions(anchors, block_size).clamp(min=0)
+    tokens = torch.full((b, m, block_size), head.config.mask_token_id, dtype=torch.long, device=input_ids.device)
+    tokens[..., 0] = input_ids.gather(1, anchors.clamp(min=0))
+    mask = training_mask(anchors, seq_len, block_size, head.config.causal)
+    hidden = head.decode_block(embed_tokens(tokens.view(b, -1)), positions.view(b, -1), ctx_kv, mask)
+    return hidden.view(b, m, block_size, -1)
+
+
+def jetspec_loss(head, features, input_ids, lengths, anchors, teacher_logits_fn, embed_tokens, lm_head,
+                 temperature: float = 1.0, decay: float | None = None, chunk: int = 256) -> torch.Tensor:
+    """Mean weighted forward KL over supervised block slots.
+
+    ``teacher_logits_fn(batch_index [N], position [N]) -> [N, V]`` gives the target's logits at the given
+    positions (computed or looked up by the caller). Supervised slot (j, k): anchor valid, k >= 1, a_j + k < length.
+    ``chunk`` bounds how many [N, V] rows are materialised at once.
+    """
+    block_size = head.config.block_size
+    hidden = head_block_hidden(head, features, input_ids, anchors, embed_tokens)
+    pos = block_positions(anchors, block_size)
+    weights = depth_weights(block_size, decay, device=input_ids.device)[None, None].expand_as(pos)
+    valid = (anchors[..., None] >= 0) & (pos < lengths[:, None, None]) & (weights > 0)
+    rows = valid.nonzero(as_tuple=True)
+    if rows[0].numel() == 0:
+        return hidden.sum() * 0.0
+    flat_hidden = hidden[rows]
+    batch_index, target_pos = rows[0], pos[rows] - 1
+    w = weights[rows]
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, flat_hidden.shape[0], chunk):
+        sl = slice(start, start + chunk)
+        student = lm_head(flat_hidden[sl].to(lm_head.weight.dtype))
+        with torch.no_grad():
+            teacher = teacher_logits_fn(batch_index[sl], target_pos[sl])
+        total = total + (forward_kl(student, teacher, temperature) * w[sl]).sum()
+    return total / w.sum()

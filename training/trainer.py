@@ -1,0 +1,273 @@
+"""Train a JetSpec head with the transformers ``Trainer`` (so ``accelerate launch`` scales it to many GPUs).
+
+The head is ``Trainer.model`` (checkpoints hold only the head); the frozen target stays outside its module tree,
+on the trainer. Evaluation is the real decoding loop: tau (tokens per target forward) of greedy JetSpec decoding
+on held-out prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainingArguments
+
+from hf_jetspec.decoding.jetspec import jetspec_generate
+from hf_jetspec.head import JetSpecHead
+
+from .features import FeatureStore, read_jsonl, target_states
+from .loss import jetspec_loss, sample_anchors
+
+
+class SequenceDataset(Dataset):
+    """Rows ``{"input_ids", "prompt_len"}`` (online mode: the target runs inside the training step)."""
+
+    def __init__(self, rows: list[dict], max_length: int | None = None) -> None:
+        self.rows = [r for r in rows if len(r["input_ids"]) > r["prompt_len"]]
+        self.max_length = max_length
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        row = self.rows[i]
+        ids = row["input_ids"][: self.max_length] if self.max_length else row["input_ids"]
+        return {"input_ids": torch.tensor(ids), "prompt_len": row["prompt_len"]}
+
+
+class StoreDataset(Dataset):
+    """Sequences with precomputed target states (a `FeatureStore`)."""
+
+    def __init__(self, store: FeatureStore) -> None:
+        self.store = store
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.store[i]
+
+
+@dataclass
+class AnchorCollator:
+    """Pads a batch (right padding) and draws ``num_anchors`` random anchors per sequence in its response part."""
+
+    num_anchors: int = 16
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator().manual_seed(self.seed) if self.seed is not None else None
+
+    def __call__(self, items: list[dict]) -> dict:
+        lengths = torch.tensor([len(x["input_ids"]) for x in items])
+        width = int(lengths.max())
+        batch = {
+            "input_ids": torch.stack([F.pad(x["input_ids"], (0, width - len(x["input_ids"]))) for x in items]),
+            "lengths": lengths,
+        }
+        batch["attention_mask"] = (torch.arange(width)[None] < lengths[:, None]).long()
+        starts = torch.tensor([max(0, x["prompt_len"] - 1) for x in items])
+        batch["anchors"] = sample_anchors(lengths, starts, self.num_anchors, self.generator)
+        for key in ("features", "final"):
+            if key in items[0]:
+                batch[key] = torch.stack([F.pad(x[key], (0, 0, 0, width - x[key].shape[0])) for x in items])
+        return batch
+
+
+class JetSpecTrainer(Trainer):
+    """``Trainer`` whose model is the head; ``target`` (frozen) provides features, embeddings, LM head, teacher.
+    Its ``eval_dataset`` is a list of held-out prompts (token id lists), evaluated by decoding."""
+
+    def __init__(self, *args, target, kd_temperature: float = 1.0, depth_decay: float | None = None,
+                 eval_max_new_tokens: int = 64, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.target = target.eval().requires_grad_(False)
+        self.kd_temperature = kd_temperature
+        self.depth_decay = depth_decay
+        self.eval_max_new_tokens = eval_max_new_tokens
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        head = model.module if hasattr(model, "module") else model
+        device = inputs["input_ids"].device
+        if self.target.device != device:
+            self.target.to(device)
+        if "features" in inputs:
+            features, final = inputs["features"], inputs["final"]
+        else:
+            features, final = target_states(self.target, inputs["input_ids"], inputs["attention_mask"],
+                                            head.config.target_layer_ids)
+        lm_head = self.target.get_output_embeddings()
+
+        def teacher(batch_index, positions):
+            return lm_head(final[batch_index, positions].to(lm_head.weight.dtype))
+
+        loss = jetspec_loss(head, features, inputs["input_ids"], inputs["lengths"], inputs["anchors"], teacher,
+                            self.target.get_input_embeddings(), lm_head, self.kd_temperature, self.depth_decay)
+        return (loss, {}) if return_outputs else loss
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        """Tau of the real greedy JetSpec loop on the held-out prompts."""
+        head = self.model.module if hasattr(self.model, "module") else self.model
+        prompts = eval_dataset if eval_dataset is not None else self.eval_dataset
+        metrics = {f"{metric_key_prefix}_tau": measure_tau(self.target, head, prompts or [], self.eval_max_new_tokens)}
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def prediction_step(self, *args, **kwargs):
+        raise NotImplementedError("JetSpec heads are evaluated by decoding (evaluate()), not by prediction.")
+
+
+@torch.no_grad()
+def measure_tau(target, head: JetSpecHead, prompts: list[list[int]], max_new_tokens: int = 64,
+                tree_budget: int | None = None) -> float:
+    """Mean tokens per target forward of greedy JetSpec decoding over ``prompts`` (token id lists)."""
+    if not prompts:
+        return float("nan")
+    was_training = head.training
+    head.eval()
+    device = next(target.parameters()).device
+    param = next(target.parameters())
+    draft = head if next(head.parameters()).dtype == param.dtype else _cast_copy(head, param.dtype)
+    accepted, steps = 0, 0
+    for ids in prompts:
+        out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=max_new_tokens,
+                              custom_generate=jetspec_generate, draft_head=draft, tree_budget=tree_budget,
+                              return_dict_in_generate=True)
+        accepted += sum(out.accept_lengths)
+        steps += len(out.accept_lengths)
+    head.train(was_training)
+    return accepted / max(1, steps)
+
+
+def _cast_copy(head: JetSpecHead, dtype: torch.dtype) -> JetSpecHead:
+    copy = JetSpecHead(head.config).to(device=next(head.parameters()).device, dtype=dtype)
+    copy.load_state_dict(head.state_dict())
+    return copy.eval()
+
+
+def split_held_out(rows: list[dict], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
+    """(training rows, held-out prompt token lists). Held-out prompts come from rows removed from training."""
+    rows = list(rows)
+    random.Random(seed).shuffle(rows)
+    held, train = rows[:eval_count], rows[eval_count:]
+    return train, [r["input_ids"][: r["prompt_len"]] for r in held]
+
+
+def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments, *, num_anchors: int = 16,
+               kd_temperature: float = 1.0, depth_decay: float | None = None, eval_prompts=None,
+               eval_max_new_tokens: int = 64, seed: int = 0) -> JetSpecTrainer:
+    """Train ``head`` on ``train_dataset`` (SequenceDataset or StoreDataset); returns the finished trainer."""
+    trainer = JetSpecTrainer(
+        model=head,
+        args=args,
+        train_dataset=train_dataset,
+        data_collator=AnchorCollator(num_anchors, seed),
+        eval_dataset=eval_prompts,
+        target=target,
+        kd_temperature=kd_temperature,
+        depth_decay=depth_decay,
+        eval_max_new_tokens=eval_max_new_tokens,
+    )
+    trainer.train()
+    return trainer
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="hf-jetspec train", description="Train a JetSpec head with the Trainer.")
+    p.add_argument("--data", required=True, help="JSONL of {input_ids, prompt_len} (see hf_jetspec.training.data)")
+    p.add_argument("--features", default=None, help="feature store folder (built on first use when missing)")
+    p.add_argument("--model", default=None, help="target folder / Hub id (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--init-head", default=None, help="start from this head instead of a fresh one")
+    p.add_argument("--head-layers", type=int, default=2)
+    p.add_argument("--taps", type=int, default=3)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-anchors", type=int, default=16)
+    p.add_argument("--max-length", type=int, default=1024)
+    p.add_argument("--kd-temperature", type=float, default=1.0)
+    p.add_argument("--depth-decay", type=float, default=None, help="exponential depth-weight decay (default uniform)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=-1)
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--warmup-ratio", type=float, default=0.04)
+    p.add_argument("--eval-count", type=int, default=8, help="held-out prompts for tau evaluation")
+    p.add_argument("--eval-steps", type=int, default=500)
+    p.add_argument("--save-steps", type=int, default=500)
+    p.add_argument("--logging-steps", type=int, default=10)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--dataset-name", default="ShareGPT (responses regenerated by the target)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from hf_jetspec.cli import load_target
+
+    args = parse_args(argv)
+    rows = read_jsonl(args.data)
+    train_rows, eval_prompts = split_held_out(rows, args.eval_count, args.seed)
+    target, tokenizer = load_target(args.model, "float32", None)
+    if args.init_head:
+        head = JetSpecHead.from_pretrained(args.init_head)
+    else:
+        torch.manual_seed(args.seed)
+        head = JetSpecHead.for_target(target, num_taps=args.taps, num_hidden_layers=args.head_layers,
+                                      block_size=args.block_size)
+    if args.features:
+        from .features import build_feature_store
+
+        kept = {r["id"] for r in train_rows}
+        build_feature_store(target, [r for r in rows if r["id"] in kept], head.config.target_layer_ids, args.features)
+        dataset = StoreDataset(FeatureStore(args.features))
+    else:
+        dataset = SequenceDataset(train_rows, args.max_length)
+    training_args = TrainingArguments(
+        output_dir=args.output_dir,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="cosine",
+        warmup_ratio=args.warmup_ratio,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum,
+        logging_steps=args.logging_steps,
+        eval_strategy="steps" if args.eval_count else "no",
+        eval_steps=args.eval_steps,
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        bf16=args.bf16,
+        remove_unused_columns=False,
+        report_to=[],
+        seed=args.seed,
+        dataloader_num_workers=0,
+    )
+    trainer = train_head(target, head, dataset, training_args, num_anchors=args.num_anchors,
+                         kd_temperature=args.kd_temperature, depth_decay=args.depth_decay,
+                         eval_prompts=eval_prompts)
+    tau = measure_tau(target, head, eval_prompts, 128)
+    head.config.base_model = head.config.base_model or target.name_or_path
+    head.config.training_summary = {
+        "datasets": [args.dataset_name],
+        "sequences": len(dataset),
+        "steps": trainer.state.global_step,
+        "epochs": args.epochs,
+        "learning_rate": args.lr,
+        "anchors_per_sequence": args.num_anchors,
+        "loss": "forward KL(target || head), uniform depth weights" if args.depth_decay is None
+        else f"forward KL(target || head), depth decay {args.depth_decay}",
+        "tau_held_out": round(tau, 3),
+    }
+    trainer.save_model(args.output_dir)
+    (Path(args.output_dir) / "train_summary.json").write_text(json.dumps(head.config.training_summary, indent=2))
+    print(f"held-out tau {tau:.3f}; saved to {args.output_dir}")
+    return 0 if math.isfinite(tau) else 1
