@@ -197,3 +197,17 @@ def test_bf16_target_runs_and_reports_drift():
                   return_dict_in_generate=True)
     assert out.sequences.shape[1] == reference.shape[1]
     assert out.sequences[0, : PROMPT.shape[1] + 1].tolist() == reference[0, : PROMPT.shape[1] + 1].tolist()
+
+
+def test_custom_generate_folder(tmp_path):
+    model = make_target("qwen3", seed=11)
+    head = JetSpecHead.for_target(model, block_size=8)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=24)
+    recorder = Recorder()
+    out = model.generate(PROMPT, do_sample=False, max_new_tokens=24, custom_generate=hf_jetspec.custom_generate_path(),
+                         trust_remote_code=True, draft_head=head, streamer=recorder)
+    assert_same_tokens(reference, out)
+    assert recorder.ended and sum(recorder.chunks[1:], []) == reference[0, PROMPT.shape[1]:].tolist()
+    with pytest.raises(ValueError, match="Unknown strategy"):
+        model.generate(PROMPT, max_new_tokens=4, custom_generate=hf_jetspec.custom_generate_path(),
+                       trust_remote_code=True, draft_head=head, strategy="nope")

@@ -21,6 +21,7 @@ from transformers import Trainer, TrainingArguments
 
 from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.head import JetSpecHead
+from hf_jetspec.prompts import is_held_out
 
 from .features import FeatureStore, read_jsonl, target_states
 from .loss import jetspec_loss, sample_anchors
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
     from hf_jetspec.cli import load_target
 
     args = parse_args(argv)
-    rows = read_jsonl(args.data)
+    rows = [r for r in read_jsonl(args.data) if not is_held_out(str(r["id"]))]
     train_rows, eval_prompts = split_held_out(rows, args.eval_count, args.seed)
     target, tokenizer = load_target(args.model, "float32", None)
     if args.init_head:

@@ -3,7 +3,7 @@
 from transformers import AutoConfig, AutoModel
 
 from .config import JetSpecConfig
-from .decoding import jetspec_generate
+from .decoding import jacobi_generate, jetspec_generate, speculative_jacobi_generate
 from .drafters import HeadDrafter, OracleDrafter
 from .head import JetSpecHead
 from .integration import enable
@@ -11,6 +11,17 @@ from .outputs import DecodingStats, JetSpecGenerateOutput
 from .tree import DraftTree, best_first_tree, chain_tree
 
 __version__ = "0.1.0"
+
+# Decoding strategies by name (used by the custom_generate folder and the CLI).
+DECODING_FUNCTIONS = {"jetspec": jetspec_generate}
+
+
+def custom_generate_path() -> str:
+    """A local folder holding ``custom_generate/generate.py``: pass it as ``custom_generate=`` (with
+    ``trust_remote_code=True``), or upload the folder to the Hub and pass the repo id."""
+    import os
+
+    return os.path.join(os.path.dirname(__file__), "generate_repo")
 
 # Make heads loadable through the Auto classes too: AutoConfig / AutoModel.from_pretrained(head_dir).
 AutoConfig.register(JetSpecConfig.model_type, JetSpecConfig, exist_ok=True)
@@ -25,7 +36,11 @@ __all__ = [
     "JetSpecHead",
     "OracleDrafter",
     "best_first_tree",
+    "DECODING_FUNCTIONS",
     "chain_tree",
+    "custom_generate_path",
     "enable",
+    "jacobi_generate",
     "jetspec_generate",
+    "speculative_jacobi_generate",
 ]

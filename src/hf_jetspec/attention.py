@@ -50,8 +50,8 @@ def plan_tree_attention(model, use_kernel: bool | None = None) -> TreeAttentionP
     """
     impl = current_implementation(model)
     device = next(model.parameters()).device
-    kernel_ok = use_kernel is not False and (impl == KERNEL_IMPLEMENTATION or device.type == "cuda")
-    if kernel_ok and _kernel_usable(device):
+    automatic = use_kernel is None and (impl == KERNEL_IMPLEMENTATION or device.type == "cuda")
+    if (use_kernel or automatic) and _kernel_usable(device):
         return TreeAttentionPlan(KERNEL_IMPLEMENTATION, kernel=True)
     if use_kernel:
         raise ValueError(f"The jetspec_tree Triton kernel is not available on {device} (needs CUDA + triton, or TRITON_INTERPRET=1).")

@@ -21,11 +21,14 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from .decoding.jacobi import jacobi_generate
 from .decoding.jetspec import jetspec_generate
+from .decoding.spec_jacobi import speculative_jacobi_generate
 from .drafters import OracleDrafter
 from .prompts import Prompt
 
-STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jetspec", "jetspec-chain", "jetspec-oracle")
+STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "spec-jacobi", "jetspec", "jetspec-chain",
+                  "jetspec-oracle")
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,13 @@ def _generate_kwargs(strategy: Strategy, resources: Resources, reference: torch.
         if resources.draft_model is None:
             raise ValueError("The 'assisted' strategy needs --draft-model")
         return {"assistant_model": resources.draft_model}
+    if kind == "jacobi":
+        return {"custom_generate": jacobi_generate, "return_dict_in_generate": True}
+    if kind == "spec-jacobi":
+        if resources.draft_model is None:
+            raise ValueError("The 'spec-jacobi' strategy needs --draft-model")
+        return {"custom_generate": speculative_jacobi_generate, "draft_model": resources.draft_model,
+                "return_dict_in_generate": True}
     common = {"custom_generate": jetspec_generate, "tree_budget": strategy.budget, "return_dict_in_generate": True}
     if kind == "jetspec-oracle":
         return common | {"drafter": OracleDrafter(reference, vocab, resources.block_size)}

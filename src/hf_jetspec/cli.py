@@ -10,7 +10,7 @@ import torch
 
 from .bench import STRATEGY_KINDS
 
-STRATEGIES = ("jetspec", "ar")
+STRATEGIES = ("jetspec", "jacobi", "spec-jacobi", "ar")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,7 +57,9 @@ def cmd_generate(args) -> int:
     from transformers import TextStreamer
 
     from .bench import encode_prompt
+    from .decoding.jacobi import jacobi_generate
     from .decoding.jetspec import jetspec_generate
+    from .decoding.spec_jacobi import speculative_jacobi_generate
 
     model, tokenizer = load_target(args.model, args.dtype, args.device)
     ids = encode_prompt(tokenizer, args.prompt, chat=args.chat).to(model.device)
@@ -66,8 +68,15 @@ def cmd_generate(args) -> int:
         head = load_head(args.head, model)
         kwargs |= dict(custom_generate=jetspec_generate, draft_head=head, tree_budget=args.budget,
                        return_dict_in_generate=True)
+    elif args.strategy == "jacobi":
+        kwargs |= dict(custom_generate=jacobi_generate, return_dict_in_generate=True)
+    elif args.strategy == "spec-jacobi":
+        if args.draft_model is None:
+            raise CLIError("--strategy spec-jacobi needs --draft-model (a model with the same tokenizer)")
+        draft, _ = load_target(args.draft_model, args.dtype, args.device)
+        kwargs |= dict(custom_generate=speculative_jacobi_generate, draft_model=draft, return_dict_in_generate=True)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    stream_key = "token_streamer" if args.strategy == "jetspec" else "streamer"
+    stream_key = "streamer" if args.strategy == "ar" else "token_streamer"
     start = time.perf_counter()
     out = model.generate(ids, **kwargs, **{stream_key: streamer})
     seconds = time.perf_counter() - start
@@ -158,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strategy", choices=STRATEGIES, default="jetspec")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--budget", type=int, default=None, help="tree budget (default: the head's)")
+    g.add_argument("--draft-model", default=None, help="draft model (same tokenizer) for --strategy spec-jacobi")
     g.add_argument("--compare", action="store_true", help="also run plain generate and print the speedup")
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)

@@ -7,6 +7,7 @@ folder (safetensors + tokenizer + chat template) that later loads in a few secon
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -68,7 +69,7 @@ def load_gguf(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
 
 def dequantized_copy(model: PreTrainedModel) -> PreTrainedModel:
     """A plain copy of a GGUF-loaded model that ``save_pretrained`` accepts (no quantization config)."""
-    config = model.config
+    config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     fresh = type(model)(config)
@@ -131,3 +132,49 @@ def default_model(
     if device is not None:
         model = model.to(device)
     return model.eval(), AutoTokenizer.from_pretrained(folder)
+
+
+SHIPPED_HEADS = Path(__file__).parent / "assets" / "heads"
+
+
+def default_head(model: PreTrainedModel | None = None):
+    """The trained head shipped with the package for the default model (SmolLM2-135M-Instruct), or None when none
+    ships (or, given ``model``, none fits it)."""
+    from .head import JetSpecHead
+
+    folder = SHIPPED_HEADS / "smollm2-135m-instruct"
+    if not (folder / "model.safetensors").is_file():
+        return None
+    head = JetSpecHead.from_pretrained(folder)
+    if model is not None:
+        try:
+            head.check_target(model)
+        except ValueError:
+            return None
+    return head
+
+
+def truncated_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """A draft model with ``model``'s tokenizer: a copy of its first ``num_layers`` decoder layers, final norm,
+    embeddings and LM head (same dtype and device), for speculative decoding without a trained draft.
+
+    Only standard ``model.model.layers`` decoder-only checkpoints are supported (Llama, Qwen, Mistral, ...).
+    """
+    import copy
+    import re
+
+    total = model.config.num_hidden_layers
+    if not 1 <= num_layers <= total:
+        raise ValueError(f"num_layers must be in 1..{total}, got {num_layers}")
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:num_layers]
+    param = next(model.parameters())
+    draft = type(model)(config).to(device=param.device, dtype=param.dtype)
+    pattern = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+    state = {k: v for k, v in model.state_dict().items()
+             if (m := pattern.search(k)) is None or int(m.group(1)) < num_layers}
+    draft.load_state_dict(state)
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    return draft.eval()

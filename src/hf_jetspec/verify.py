@@ -28,7 +28,7 @@ def verify_tree(
     if plan.kernel:
         from .kernels import TreeMeta
 
-        kwargs["tree_meta"] = TreeMeta.from_parents(tree.parents, prefix_len)
+        kwargs["tree_meta"] = TreeMeta.from_parents(tree.parents, prefix_len).to(tree.tokens.device)
         mask = None
     else:
         key_len = mask_key_length(cache, prefix_len, len(tree))

@@ -1,5 +1,7 @@
 """Decoding loops, each usable as ``model.generate(..., custom_generate=fn)``."""
 
+from .jacobi import jacobi_generate
 from .jetspec import jetspec_generate
+from .spec_jacobi import speculative_jacobi_generate
 
-__all__ = ["jetspec_generate"]
+__all__ = ["jacobi_generate", "jetspec_generate", "speculative_jacobi_generate"]

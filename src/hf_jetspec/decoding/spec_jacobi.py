@@ -1,0 +1,208 @@
+"""Speculative Jacobi decoding: a small draft model (same tokenizer) proposes K tokens autoregressively with its own
+KV cache; the target checks the whole chain ``[anchor ; d_1 .. d_K]`` in one forward and commits the converged
+prefix plus its own next token. Optionally, further Jacobi iterations refine the unaccepted tail with the target's
+own predictions as guesses before the draft is asked again.
+
+Greedy: a draft token is accepted iff it equals the target's choice (the Jacobi / tree walk), so the tokens are
+plain ``generate()``'s. Sampling: standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023) on the
+PROCESSED distributions (target and draft logits both go through the prepared logits processors): accept d_i with
+probability ``min(1, p(d_i) / q(d_i))``, else draw from ``norm(max(0, p - q))``; after K acceptances draw from p.
+Every committed token is then distributed exactly as the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ..attention import plan_tree_attention
+from ..cache import cache_kwarg, check_cache, keep_positions
+from ..outputs import DecodingStats, Timer
+from ..tokens import TokenSelector, TokenWriter
+from ..verify import verify_tree
+from .common import prefill, validate_call
+from .jacobi import leading_matches, token_trie, verify_guesses, window_limit
+
+DEFAULT_DRAFT_TOKENS = 5
+
+
+class DraftRunner:
+    """The draft model and its own KV cache, which always holds a prefix of the committed sequence."""
+
+    def __init__(self, draft_model, target_vocab: int) -> None:
+        vocab = draft_model.get_output_embeddings().weight.shape[0]
+        if vocab != target_vocab:
+            raise ValueError(f"The draft model's vocabulary ({vocab}) differs from the target's ({target_vocab}): "
+                             "speculative Jacobi needs a draft with the same tokenizer.")
+        self.model = draft_model
+        self.cache = DynamicCache(config=draft_model.config)
+        check_cache(self.cache)
+        self.key = cache_kwarg(draft_model)
+        self.seen: list[int] = []  # the tokens whose KV the draft cache holds
+
+    def next_logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Raw logits ``[1, V]`` (fp32) after ``ids [1, L]`` (which extends ``seen``), feeding only the new tokens."""
+        length = len(self.seen)
+        positions = torch.arange(length, ids.shape[1], device=ids.device)[None]
+        out = self.model(input_ids=ids[:, length:], position_ids=positions, use_cache=True, **{self.key: self.cache})
+        self.seen = ids[0].tolist()
+        return out.logits[:, -1].to(dtype=torch.float32)
+
+    def sync(self, ids: torch.Tensor) -> None:
+        """Roll the cache back to the longest prefix of the committed ``ids [1, L]`` it holds (at most L - 1, so the
+        next call has a token to feed): rejected drafts are forgotten."""
+        keep = leading_matches(self.seen, ids[0, :-1].tolist())
+        if keep < len(self.seen):
+            keep_positions(self.cache, keep, [])
+            self.seen = self.seen[:keep]
+
+
+def draft_chain(draft: DraftRunner, selector: TokenSelector, ids: torch.Tensor, count: int
+                ) -> tuple[list[int], torch.Tensor | None]:
+    """Draft ``count`` tokens after ``ids [1, L]``, choosing each like the target would (argmax of the processed
+    draft scores, or a draw from them with the selector's generator). Returns the tokens and, when sampling, the
+    processed draft distributions ``q [count, V]``."""
+    tokens, dists = [], []
+    for _ in range(count):
+        scores = selector.scores(ids, draft.next_logits(ids))
+        if selector.do_sample:
+            dists.append(torch.softmax(scores, dim=-1))
+            token = int(torch.multinomial(dists[-1], 1, generator=selector.generator))
+        else:
+            token = int(scores.argmax(dim=-1))
+        tokens.append(token)
+        ids = torch.cat((ids, ids.new_tensor([[token]])), dim=1)
+    return tokens, torch.cat(dists) if dists else None
+
+
+def speculative_sample(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The speculative sampling rule over drafted chains, batched.
+
+    drafts ``[B, K]``; q ``[B, K, V]``: draft distribution each draft was drawn from; p ``[B, K + 1, V]``: target
+    distributions at the same positions plus the one after the chain. Returns (accepted ``[B]`` in 0..K, next
+    token ``[B]``): the residual draw at the first rejection, or a draw from ``p[:, K]`` when all were accepted.
+    """
+    batch, k = drafts.shape
+    px = p[:, :k].gather(-1, drafts[..., None])[..., 0]
+    qx = q.gather(-1, drafts[..., None])[..., 0]
+    u = torch.rand(batch, k, generator=generator, device=p.device)
+    accepted = (u * qx < px).long().cumprod(dim=-1).sum(dim=-1)  # P(accept) = min(1, px / qx)
+    residual = torch.cat(((p[:, :k] - q).clamp_min(0), p[:, k:]), dim=1)
+    rows = torch.arange(batch, device=p.device)
+    dist = residual[rows, accepted]
+    dist = torch.where(dist.sum(-1, keepdim=True) > 0, dist, p[rows, accepted])  # p == q up to rounding
+    return accepted, torch.multinomial(dist, 1, generator=generator)[:, 0]
+
+
+def sample_chain(model, drafts: list[int], q: torch.Tensor, selector: TokenSelector, writer: TokenWriter, cache,
+                 prefix: int, plan, cache_key: str) -> tuple[list[int], list[int]]:
+    """Verify a sampled draft chain in one target forward with `speculative_sample`; emit the committed tokens
+    (each with the target's processed scores). Returns the nodes whose KV stays cached (root first) and the
+    target's raw argmax at every chain node (Jacobi guesses for a later iteration)."""
+    tree, _ = token_trie(int(writer.ids[0, -1]), [drafts], writer.ids.device)
+    logits = verify_tree(model, tree, cache, prefix, plan, cache_key)
+    chain = torch.cat((writer.ids, writer.ids.new_tensor([drafts])), dim=1)
+    base = writer.length
+    scores = torch.cat([selector.scores(chain[:, : base + i], logits[i : i + 1]) for i in range(len(drafts) + 1)])
+    p = torch.softmax(scores, dim=-1)
+    accepted, token = speculative_sample(writer.ids.new_tensor([drafts]), q[None], p[None], selector.generator)
+    committed = drafts[: int(accepted)] + [int(token)]
+    for i, tok in enumerate(committed):
+        if writer.emit(tok, scores[i : i + 1], logits[i : i + 1]) or i == len(committed) - 1:
+            visited = list(range(i + 1))
+            keep_positions(cache, prefix, visited)
+            return visited, logits.argmax(dim=-1).tolist()
+    raise AssertionError("unreachable")
+
+
+def speculative_jacobi_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus: bool = False,
+    streamer=None,
+    draft_model=None,
+    num_draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+    jacobi_iterations: int = 0,
+    token_streamer=None,
+    generator: torch.Generator | None = None,
+    tree_kernel: bool | None = None,
+    **model_kwargs,
+):
+    """Generate with speculative Jacobi decoding (greedy: identical tokens to plain ``generate()``; sampling: the
+    target's distribution, by speculative sampling).
+
+    Args (beyond ``generate()``'s own):
+        draft_model: a causal LM with the target's tokenizer (same vocabulary), e.g.
+            ``hf_jetspec.models.truncated_draft(model, 4)``; it keeps its own KV cache.
+        num_draft_tokens: K, tokens drafted per round.
+        jacobi_iterations: after a round that rejected part of the chain, up to this many extra target forwards
+            re-verify the rejected tail with the target's own predictions as guesses (Jacobi) before drafting again.
+        token_streamer: a streamer receiving committed tokens (``generate()`` does not forward ``streamer=``).
+        generator: ``torch.Generator`` for reproducible sampling (draft draws and acceptance tests).
+
+    Returns the sequences, or a `JetSpecGenerateOutput` (``return_dict_in_generate=True``) whose ``stats.extra``
+    holds ``rounds`` (draft rounds), ``iterations`` (target forwards after prefill), ``jacobi_tokens`` (tokens
+    committed by the extra Jacobi iterations), ``draft_forwards`` and ``slot_accepts`` (how often draft slot i
+    was accepted).
+    """
+    if draft_model is None:
+        raise ValueError("Speculative Jacobi decoding needs draft_model= (a causal LM with the same tokenizer).")
+    if num_draft_tokens < 1 or jacobi_iterations < 0:
+        raise ValueError(f"num_draft_tokens must be >= 1 and jacobi_iterations >= 0, got {num_draft_tokens} and "
+                         f"{jacobi_iterations}")
+    cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
+    draft = DraftRunner(draft_model, model.get_output_embeddings().weight.shape[0])
+    plan = plan_tree_attention(model, tree_kernel)
+    cache_key = cache_kwarg(model)
+    selector = TokenSelector(logits_processor, generation_config, generator)
+    writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer, token_streamer)
+    timer, stats = Timer(input_ids.device), DecodingStats()
+    slot_accepts, rounds, jacobi_tokens, draft_forwards = [0] * num_draft_tokens, 0, 0, 0
+
+    start = timer.now()
+    logits = prefill(model, input_ids, model_kwargs)
+    stats.prefill_time = timer.now() - start
+    scores = selector.scores(writer.ids, logits)
+    writer.emit(selector.choose(scores), scores, logits)
+    prefix = input_ids.shape[1]
+    tail: list[int] = []  # the target's predictions for the rejected part of the last chain (Jacobi guesses)
+    extra = 0  # Jacobi iterations run since the last draft round
+    while not writer.finished:
+        writer.flush()
+        count = min(num_draft_tokens, window_limit(writer, generation_config, cache, prefix))
+        before = writer.length
+        jacobi = bool(tail) and extra < jacobi_iterations and count > 0
+        t0 = timer.now()
+        if jacobi:
+            guesses, q = tail[:count], None
+            extra += 1
+        else:
+            guesses, q = draft_chain(draft, selector, writer.ids, count) if count else ([], None)
+            draft_forwards += count
+            rounds += count > 0
+            extra = 0
+        t1 = timer.now()
+        if q is not None:
+            visited, predictions = sample_chain(model, guesses, q, selector, writer, cache, prefix, plan, cache_key)
+        else:
+            visited, predictions = verify_guesses(model, [guesses], selector, writer, cache, prefix, plan, cache_key)
+        stats.target_time += timer.now() - t1
+        stats.draft_time += t1 - t0
+        accepted = len(visited) - 1
+        if jacobi:
+            jacobi_tokens += writer.length - before
+        else:
+            for i in range(min(accepted, leading_matches(guesses, writer.ids[0, before:].tolist()))):
+                slot_accepts[i] += 1
+        prefix += len(visited)
+        draft.sync(writer.ids)
+        tail = predictions[accepted + 1 :]
+        stats.accept_lengths.append(writer.length - before)
+    stats.total_time = timer.now() - start
+    stats.extra.update(rounds=rounds, iterations=len(stats.accept_lengths), jacobi_tokens=jacobi_tokens,
+                       draft_forwards=draft_forwards, slot_accepts=slot_accepts, num_draft_tokens=num_draft_tokens)
+    return writer.result(generation_config, cache, stats)

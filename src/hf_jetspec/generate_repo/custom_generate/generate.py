@@ -1,0 +1,17 @@
+"""custom_generate entry point: ``model.generate(**inputs, custom_generate=<this repo or folder>,
+trust_remote_code=True, draft_head=head)`` runs JetSpec decoding (``strategy="jacobi"`` / ``"spec-jacobi"`` for the
+Jacobi loops). transformers hands this function every ``generate()`` argument and prepares nothing itself, so it
+calls ``model.generate`` again with the matching hf_jetspec decoding function, which gets the full preparation
+(cache, logits processors, stopping criteria)."""
+
+import hf_jetspec
+
+
+def generate(model, *args, strategy="jetspec", **kwargs):
+    functions = hf_jetspec.DECODING_FUNCTIONS
+    if strategy not in functions:
+        raise ValueError(f"Unknown strategy {strategy!r}; choose from {sorted(functions)}")
+    streamer = kwargs.pop("streamer", None)
+    if streamer is not None:  # generate() does not forward `streamer` to callables: hand it over explicitly
+        kwargs["token_streamer"] = streamer
+    return model.generate(*args, custom_generate=functions[strategy], **kwargs)

@@ -1,0 +1,153 @@
+"""Tests for hf_jetspec.training.data: ShareGPT recovery, prompt building, resumable generation."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from hf_jetspec.models import convert_gguf, find_smollm2_gguf
+from hf_jetspec.training import data
+
+SHAREGPT = """[
+  {"id": "a", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+  "not a dict",
+  {"id": "b"},
+  {"id": "c", "conversations": []},
+  {"id": "d", "conversations": [{"from": "human", "value": 3}]},
+  {"id": "e", "conversations": [{"from": "system", "value": "x"}, {"from": "human", "value": "q"}]},
+  {"id": "f", "conversations": [{"from": "human", "value": "q"}, {"from": "human", "value": "q2"}]},
+  {"id": "g", "conversations": [{"from": "human", "value": "  \\n"}]},
+  {"id": "a", "conversations": [{"from": "human", "value": "same id"}]},
+  {"id": "h", "conversations": [{"from": "gpt", "value": "continued"}, {"from": "human", "value": "more?"}]},
+  {"id": "i", "conversations": [{"from": "human", "value": "cut off mid-str"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """SmolLM2's tokenizer (ChatML template, pad == eos)."""
+    return AutoTokenizer.from_pretrained(convert_gguf(find_smollm2_gguf()))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer):
+    """Random 1-layer Llama with SmolLM2's vocabulary."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    return LlamaForCausalLM(config).eval()
+
+
+class ScriptedModel:
+    """Stands in for a causal LM whose ``generate`` appends fixed continuations, padded like transformers does."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, continuations, eos_token_id):
+        self.continuations = continuations
+        self.generation_config = GenerationConfig(eos_token_id=eos_token_id)
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, **kwargs):
+        self.attention_mask = attention_mask
+        width = max(map(len, self.continuations))
+        new = [c + [pad_token_id] * (width - len(c)) for c in self.continuations]
+        return torch.cat([input_ids, torch.tensor(new)], dim=1)
+
+
+def _conversation(cid, *humans):
+    turns = [t for h in humans for t in ({"from": "human", "value": h}, {"from": "gpt", "value": "ok"})]
+    return {"id": cid, "conversations": turns}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("[1, 2, 3]", ([1, 2, 3], False)),
+    (" [ ] ", ([], False)),
+    ('[1, 2, {"a": ', ([1, 2], True)),
+    ("[1, 2,", ([1, 2], True)),
+    ("[1 2]", ([1], True)),
+])
+def test_decode_json_array_prefix(text, expected):
+    assert data.decode_json_array_prefix(text) == expected
+
+
+def test_load_sharegpt_counts_every_skip_reason(tmp_path):
+    path = tmp_path / "sharegpt.json"
+    path.write_text(SHAREGPT)
+    conversations, skipped = data.load_sharegpt(path)
+    assert [c["id"] for c in conversations] == ["a", "h"]
+    assert skipped == {"not_a_dict": 1, "no_conversations": 2, "non_string": 1, "wrong_roles": 2,
+                       "empty_human": 1, "duplicate_id": 1, "truncated_tail": 1}
+
+
+def test_build_prompts(tokenizer):
+    conversations = [_conversation("a", "Hi", "And then?"), _conversation("dup", "Hi"),
+                     _conversation("long", "word " * 200), {"id": "h", "conversations": [
+                         {"from": "gpt", "value": "continued"}, {"from": "human", "value": "more?"}]}]
+    prompts, skipped = data.build_prompts(conversations, tokenizer, max_prompt_tokens=100)
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
+                                             tokenize=False)
+    assert [p["id"] for p in prompts] == ["a"]
+    assert tokenizer.decode(prompts[0]["input_ids"]) == expected
+    assert skipped == {"duplicate": 1, "too_long": 1, "not_opening": 1}
+    prompts, _ = data.build_prompts(conversations, tokenizer, max_prompt_tokens=100, turns="all")
+    assert [p["id"] for p in prompts] == ["a", "a#1", "h"]
+
+
+@pytest.mark.parametrize("tokens, expected", [
+    ([5, 2, 2, 2], ([5, 2], "eos")),
+    ([2, 0, 0], ([2], "eos")),
+    ([5, 6, 7], ([5, 6, 7], "length")),
+])
+def test_split_response(tokens, expected):
+    assert data.split_response(tokens, {2}) == expected
+
+
+def test_length_sorted_batches_keep_window_order():
+    prompts = [{"id": str(i), "input_ids": [0] * n} for i, n in enumerate([5, 1, 3] * 8 + [2, 1])]
+    batches = list(data.length_sorted_batches(prompts, batch_size=3))
+    assert [len(b) for b in batches] == [3] * 8 + [2]
+    assert [len(p["input_ids"]) for p in batches[0]] == [1] * 3
+    assert {p["id"] for b in batches[:8] for p in b} == {str(i) for i in range(24)}
+
+
+def test_generate_responses_resumes(tokenizer, tiny_model, tmp_path):
+    texts = ["Hi", "What is 2+2?", "Name a color.", "Tell me a joke about cats and dogs.", "Why?", "Hello there"]
+    prompts, _ = data.build_prompts([_conversation(str(i), t) for i, t in enumerate(texts)], tokenizer)
+    out = tmp_path / "gen.jsonl"
+    kwargs = {"batch_size": 4, "max_new_tokens": 3}
+    assert data.generate_responses(tiny_model, tokenizer, prompts, out, limit=4, **kwargs) == 4
+    first_rows = out.read_text()
+    with open(out, "a") as f:
+        f.write('{"id": "torn')  # an interrupted write
+    assert data.generate_responses(tiny_model, tokenizer, prompts, out, **kwargs) == 2
+    assert data.generate_responses(tiny_model, tokenizer, prompts, out, **kwargs) == 0
+    assert out.read_text().startswith(first_rows)
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == sorted(p["id"] for p in prompts)
+    for prompt in prompts:
+        row = rows[prompt["id"]]
+        response = row["input_ids"][row["prompt_len"]:]
+        assert row["input_ids"][:row["prompt_len"]] == prompt["input_ids"]
+        assert tokenizer.eos_token_id not in response[:-1]
+        assert (response[-1] == tokenizer.eos_token_id) == (row["finish"] == "eos")
+        assert row["finish"] == "eos" or len(response) == 3
+
+
+def test_generate_batch_left_pads_and_strips_padding(tokenizer):
+    eos = tokenizer.eos_token_id
+    batch = [{"id": "short", "input_ids": [7, 8]}, {"id": "long", "input_ids": [7, 8, 9, 10]}]
+    model = ScriptedModel([[5, eos], [6, 6, 6]], eos)
+    rows = data.generate_batch(model, tokenizer, batch, max_new_tokens=3, temperature=0.0)
+    assert model.attention_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    assert rows == [{"id": "short", "input_ids": [7, 8, 5, eos], "prompt_len": 2, "finish": "eos"},
+                    {"id": "long", "input_ids": [7, 8, 9, 10, 6, 6, 6], "prompt_len": 4, "finish": "length"}]
+
+
+def test_main_end_to_end(tmp_path, capsys):
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(SHAREGPT)
+    out = tmp_path / "gen.jsonl"
+    data.main(["--sharegpt", str(sharegpt), "--out", str(out), "--max-new-tokens", "2"])
+    assert "'truncated_tail': 1" in capsys.readouterr().out
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a"]

