@@ -10,7 +10,8 @@ import random
 import pytest
 import torch
 from helpers import TARGET_FAMILIES, assert_same_tokens, greedy_reference, make_target
-from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
+from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                          TopKLogitsWarper)
 
 import hf_jetspec
 from hf_jetspec.decoding import jacobi as jacobi_module
@@ -207,6 +208,20 @@ def test_target_as_its_own_draft_accepts_every_draft(family, k):
     kwargs = dict(max_new_tokens=41, eos_token_id=eos)
     assert_same_tokens(greedy_reference(target, prompt, **kwargs),
                        spec(target, prompt, draft_model=target, num_draft_tokens=k, **kwargs))
+
+
+def test_truncated_draft(family):
+    from hf_jetspec.models import truncated_draft
+
+    target, prompt = model(family, 32, layers=3), torch.tensor([[3, 14, 15]])
+    full = truncated_draft(target, 3)
+    torch.testing.assert_close(full(prompt).logits, target(prompt).logits, atol=0, rtol=0)
+    draft = truncated_draft(target, 1)
+    assert draft.config.num_hidden_layers == 1 and len(draft.model.layers) == 1 and target.config.num_hidden_layers == 3
+    reference = greedy_reference(target, prompt, max_new_tokens=20)
+    assert_same_tokens(reference, spec(target, prompt, draft_model=draft, num_draft_tokens=3, max_new_tokens=20))
+    with pytest.raises(ValueError, match="num_layers"):
+        truncated_draft(target, 4)
 
 
 def test_speculative_jacobi_clear_errors():

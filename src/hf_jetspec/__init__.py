@@ -7,13 +7,18 @@ from .decoding import jacobi_generate, jetspec_generate, speculative_jacobi_gene
 from .drafters import HeadDrafter, OracleDrafter
 from .head import JetSpecHead
 from .integration import enable
+from .models import default_head, default_model
 from .outputs import DecodingStats, JetSpecGenerateOutput
 from .tree import DraftTree, best_first_tree, chain_tree
 
 __version__ = "0.1.0"
 
 # Decoding strategies by name (used by the custom_generate folder and the CLI).
-DECODING_FUNCTIONS = {"jetspec": jetspec_generate}
+DECODING_FUNCTIONS = {
+    "jetspec": jetspec_generate,
+    "jacobi": jacobi_generate,
+    "spec-jacobi": speculative_jacobi_generate,
+}
 
 
 def custom_generate_path() -> str:
@@ -39,6 +44,8 @@ __all__ = [
     "DECODING_FUNCTIONS",
     "chain_tree",
     "custom_generate_path",
+    "default_head",
+    "default_model",
     "enable",
     "jacobi_generate",
     "jetspec_generate",

@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--strategies", default="ar,jetspec", help="comma list of: " + ", ".join(STRATEGY_KINDS))
     b.add_argument("--budgets", default="32", help="comma list of JetSpec tree budgets")
     b.add_argument("--oracle-block", type=int, default=16, help="block size of the oracle drafter")
-    b.add_argument("--draft-model", default=None, help="draft model for the 'assisted' strategy")
+    b.add_argument("--draft-model", default=None, help="draft model (HF folder) for the 'assisted' and 'spec-jacobi' strategies")
     b.add_argument("--per-category", action="store_true", help="print a table per category")
     b.add_argument("--json", default=None, help="write results as JSON")
     b.add_argument("--plots", default=None, help="write PNG plots into this folder")

@@ -159,6 +159,8 @@ def truncated_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     embeddings and LM head (same dtype and device), for speculative decoding without a trained draft.
 
     Only standard ``model.model.layers`` decoder-only checkpoints are supported (Llama, Qwen, Mistral, ...).
+    The copy is not trained as a draft: on SmolLM2-135M (30 layers) its greedy token agrees with the target's
+    ~5-10% of the time for k <= 12, ~20% at k = 20 and ~35% at k = 24.
     """
     import copy
     import re

@@ -164,6 +164,28 @@ def verify_guesses(model, branches: list[list[int]], selector: TokenSelector, wr
     return visited, logits[chain].argmax(dim=-1).tolist()
 
 
+def _fit_static(branches: list[list[int]], room: int | None) -> list[list[int]]:
+    """Drop pool branches whose nodes would not fit a StaticCache (the root takes one slot)."""
+    if room is None:
+        return branches
+    kept, used = [branches[0]], 1 + len(branches[0])
+    for branch in branches[1:]:
+        if used + len(branch) <= room:
+            kept.append(branch)
+            used += len(branch)
+    return kept
+
+
+def leading_matches(guesses: list[int], committed: list[int]) -> int:
+    """How many leading guesses equal the committed tokens: the Jacobi slots that converged this iteration."""
+    count = 0
+    for guess, token in zip(guesses, committed):
+        if guess != token:
+            break
+        count += 1
+    return count
+
+
 def window_limit(writer: TokenWriter, generation_config, cache, prefix: int) -> int:
     """Most guesses one forward may carry: it commits at most guesses + 1 tokens, and a StaticCache must fit them."""
     room = room_left(cache, prefix)
@@ -257,24 +279,3 @@ def jacobi_generate(
                        window=window, init=init)
     return writer.result(generation_config, cache, stats)
 
-
-def _fit_static(branches: list[list[int]], room: int | None) -> list[list[int]]:
-    """Drop pool branches whose nodes would not fit a StaticCache (the root takes one slot)."""
-    if room is None:
-        return branches
-    kept, used = [branches[0]], 1 + len(branches[0])
-    for branch in branches[1:]:
-        if used + len(branch) <= room:
-            kept.append(branch)
-            used += len(branch)
-    return kept
-
-
-def leading_matches(guesses: list[int], committed: list[int]) -> int:
-    """How many leading guesses equal the committed tokens: the Jacobi slots that converged this iteration."""
-    count = 0
-    for guess, token in zip(guesses, committed):
-        if guess != token:
-            break
-        count += 1
-    return count

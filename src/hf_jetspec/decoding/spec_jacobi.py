@@ -136,8 +136,9 @@ def speculative_jacobi_generate(
     target's distribution, by speculative sampling).
 
     Args (beyond ``generate()``'s own):
-        draft_model: a causal LM with the target's tokenizer (same vocabulary), e.g.
-            ``hf_jetspec.models.truncated_draft(model, 4)``; it keeps its own KV cache.
+        draft_model: a causal LM with the target's tokenizer (same vocabulary); it keeps its own KV cache.
+            ``hf_jetspec.models.truncated_draft(model, k)`` builds one from the target's first k layers (untrained,
+            so it is accepted rarely unless k is close to the target's depth).
         num_draft_tokens: K, tokens drafted per round.
         jacobi_iterations: after a round that rejected part of the chain, up to this many extra target forwards
             re-verify the rejected tail with the target's own predictions as guesses (Jacobi) before drafting again.
@@ -170,21 +171,21 @@ def speculative_jacobi_generate(
     writer.emit(selector.choose(scores), scores, logits)
     prefix = input_ids.shape[1]
     tail: list[int] = []  # the target's predictions for the rejected part of the last chain (Jacobi guesses)
-    extra = 0  # Jacobi iterations run since the last draft round
+    refinements = 0  # Jacobi iterations run since the last draft round
     while not writer.finished:
         writer.flush()
         count = min(num_draft_tokens, window_limit(writer, generation_config, cache, prefix))
         before = writer.length
-        jacobi = bool(tail) and extra < jacobi_iterations and count > 0
+        jacobi = bool(tail) and refinements < jacobi_iterations and count > 0
         t0 = timer.now()
         if jacobi:
             guesses, q = tail[:count], None
-            extra += 1
+            refinements += 1
         else:
             guesses, q = draft_chain(draft, selector, writer.ids, count) if count else ([], None)
             draft_forwards += count
             rounds += count > 0
-            extra = 0
+            refinements = 0
         t1 = timer.now()
         if q is not None:
             visited, predictions = sample_chain(model, guesses, q, selector, writer, cache, prefix, plan, cache_key)

