@@ -138,7 +138,8 @@ def test_generate_batch_left_pads_and_strips_padding(tokenizer):
     eos = tokenizer.eos_token_id
     batch = [{"id": "short", "input_ids": [7, 8]}, {"id": "long", "input_ids": [7, 8, 9, 10]}]
     model = ScriptedModel([[5, eos], [6, 6, 6]], eos)
-    rows = data.generate_batch(model, tokenizer, batch, max_new_tokens=3, temperature=0.0)
+    rows, states = data.generate_batch(model, tokenizer, batch, max_new_tokens=3, temperature=0.0)
+    assert states is None
     assert model.attention_mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
     assert rows == [{"id": "short", "input_ids": [7, 8, 5, eos], "prompt_len": 2, "finish": "eos"},
                     {"id": "long", "input_ids": [7, 8, 9, 10, 6, 6, 6], "prompt_len": 4, "finish": "length"}]
@@ -151,3 +152,30 @@ def test_main_end_to_end(tmp_path, capsys):
     data.main(["--sharegpt", str(sharegpt), "--out", str(out), "--max-new-tokens", "2"])
     assert "'truncated_tail': 1" in capsys.readouterr().out
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a"]
+
+
+def test_states_recorded_during_generation_equal_a_teacher_forced_pass(tmp_path, tokenizer):
+    """The states saved while generating (left-padded batch, one token per step) are what a separate
+    teacher-forced target pass would give, and the shards load as a FeatureStore."""
+    from hf_jetspec.training.features import FeatureStore, target_states
+
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, initializer_range=0.2)
+    model = LlamaForCausalLM(config).eval()
+    prompts = [{"id": "p1", "input_ids": [7, 8, 9]}, {"id": "p2", "input_ids": [20, 21, 22, 23, 24, 25]}]
+    out, states = tmp_path / "gen.jsonl", tmp_path / "states"
+    data.generate_responses(model, tokenizer, prompts, out, batch_size=2, max_new_tokens=6, states_dir=states,
+                            layer_ids=[0, 2])
+    store = FeatureStore(states)
+    assert len(store) == 2 and store.layer_ids == [0, 2]
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    for i in range(2):
+        item = store[i]
+        row = rows[store.items[i][1]["id"]]
+        assert item["input_ids"].tolist() == row["input_ids"]
+        features, final = target_states(model, torch.tensor([row["input_ids"]]), None, [0, 2])
+        n = len(row["input_ids"]) - 1  # the last token was never fed to the model
+        assert torch.allclose(item["features"][:n].float(), features[0, :n], atol=3e-2, rtol=3e-2)
+        assert torch.allclose(item["final"][:n].float(), final[0, :n], atol=3e-2, rtol=3e-2)

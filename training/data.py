@@ -16,13 +16,17 @@ import random
 import re
 import time
 from collections import Counter
+from contextlib import nullcontext
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_jetspec.config import default_target_layer_ids
 from hf_jetspec.models import default_model
 from hf_jetspec.prompts import is_held_out
 
@@ -191,36 +195,93 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return set(eos) | ({tokenizer.eos_token_id} - {None})
 
 
+class StateRecorder:
+    """Records, during ``model.generate``, the target states a head trains on: the outputs of the tapped decoder
+    layers and of the final norm (teacher logits = LM head of it), for every forward (prefill, then one token per
+    step). ``states(i, pad, length)`` returns sequence i's ``(features [length, F], final [length, H])`` in bf16;
+    the last position, never fed to the model, is zero (no loss or context ever reads it)."""
+
+    def __init__(self, model: PreTrainedModel, layer_ids: Sequence[int]) -> None:
+        from hf_jetspec.features import decoder_layers
+
+        self.modules = [decoder_layers(model)[i] for i in layer_ids] + [model.get_decoder().norm]
+        self.outputs: list[list[torch.Tensor]] = [[] for _ in self.modules]
+        self.handles = []
+
+    def __enter__(self) -> "StateRecorder":
+        for k, module in enumerate(self.modules):
+            self.handles.append(module.register_forward_hook(
+                lambda mod, args, out, k=k: self.outputs[k].append((out[0] if isinstance(out, tuple) else out).float())))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def states(self, i: int, pad: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        stacked = [torch.cat([o[i] for o in outs], dim=0)[pad : pad + length] for outs in self.outputs]
+        stacked = [F.pad(x, (0, 0, 0, length - x.shape[0])).to(torch.bfloat16) for x in stacked]
+        return torch.cat(stacked[:-1], dim=-1), stacked[-1]
+
+
 @torch.inference_mode()
 def generate_batch(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, batch: Sequence[dict], *, max_new_tokens: int,
-    temperature: float,
-) -> list[dict]:
-    """Answer a batch of prompts with one left-padded ``model.generate`` call; returns the JSONL rows.
+    temperature: float, layer_ids: Sequence[int] | None = None,
+) -> tuple[list[dict], dict[str, torch.Tensor] | None]:
+    """Answer a batch of prompts with one left-padded ``model.generate`` call; returns the JSONL rows, and with
+    ``layer_ids`` the recorded target states keyed like a feature-store shard (``{id}.features`` etc.).
 
     ``input_ids`` of a row is the unpadded prompt followed by the response (ending with EOS if ``finish`` is
     ``"eos"``); ``prompt_len`` is the prompt length.
     """
     enc = tokenizer.pad({"input_ids": [p["input_ids"] for p in batch]}, padding_side="left", return_tensors="pt")
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-    out = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens,
-                         pad_token_id=tokenizer.pad_token_id, **sampling)  # [batch, padded_prompt + new]
-    eos_ids, rows = eos_token_ids(model, tokenizer), []
-    for prompt, new_tokens in zip(batch, out[:, enc["input_ids"].shape[1]:].tolist()):
+    recorder = StateRecorder(model, layer_ids) if layer_ids is not None else nullcontext()
+    with recorder:
+        out = model.generate(**enc.to(model.device), max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id, **sampling)  # [batch, padded_prompt + new]
+    width = enc["input_ids"].shape[1]
+    eos_ids, rows, tensors = eos_token_ids(model, tokenizer), [], {}
+    for i, (prompt, new_tokens) in enumerate(zip(batch, out[:, width:].tolist())):
         response, finish = split_response(new_tokens, eos_ids)
-        rows.append({"id": prompt["id"], "input_ids": prompt["input_ids"] + response,
-                     "prompt_len": len(prompt["input_ids"]), "finish": finish})
-    return rows
+        row = {"id": prompt["id"], "input_ids": prompt["input_ids"] + response,
+               "prompt_len": len(prompt["input_ids"]), "finish": finish}
+        rows.append(row)
+        if layer_ids is not None:
+            features, final = recorder.states(i, width - len(prompt["input_ids"]), len(row["input_ids"]))
+            tensors |= {f"s{i}.features": features, f"s{i}.final": final,
+                        f"s{i}.input_ids": torch.tensor(row["input_ids"], dtype=torch.int32)}
+    return rows, (tensors if layer_ids is not None else None)
+
+
+def write_state_shard(directory: Path, rows: list[dict], tensors: dict[str, torch.Tensor], layer_ids) -> Path:
+    """Save one batch's states as a shard readable by `hf_jetspec.training.features.FeatureStore`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = directory / "meta.json"
+    if not meta.exists():
+        meta.write_text(json.dumps({"layer_ids": list(layer_ids)}))
+    elif json.loads(meta.read_text())["layer_ids"] != list(layer_ids):
+        raise ValueError(f"{directory} holds states of other tap layers: {meta.read_text()}")
+    index = [{"key": f"s{i}", "id": r["id"], "prompt_len": r["prompt_len"], "length": len(r["input_ids"])}
+             for i, r in enumerate(rows)]
+    path = directory / f"shard_{len(list(directory.glob('shard_*.safetensors'))):06d}.safetensors"
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"index": json.dumps(index)})
+    tmp.rename(path)
+    return path
 
 
 def generate_responses(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[dict], out_path: str | Path, *,
     batch_size: int = 16, max_new_tokens: int = 256, temperature: float = 0.0, limit: int | None = None,
+    states_dir: str | Path | None = None, layer_ids: Sequence[int] | None = None,
 ) -> int:
     """Append the model's answers to the first ``limit`` prompts to ``out_path`` (JSONL); returns rows written.
 
     Resumable: prompts whose id is already in the file are skipped, and the file is flushed after every batch.
-    Greedy unless ``temperature > 0``.
+    Greedy unless ``temperature > 0``. With ``states_dir`` and ``layer_ids`` the target states recorded during
+    generation are saved there as feature-store shards (so training needs no second target pass).
     """
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -232,9 +293,12 @@ def generate_responses(
     start = time.perf_counter()
     with open(out_path, "a", encoding="utf-8") as f, tqdm(total=len(todo), unit="prompt", desc="generating") as bar:
         for batch in length_sorted_batches(todo, batch_size):
-            rows = generate_batch(model, tokenizer, batch, max_new_tokens=max_new_tokens, temperature=temperature)
+            rows, tensors = generate_batch(model, tokenizer, batch, max_new_tokens=max_new_tokens,
+                                           temperature=temperature, layer_ids=layer_ids if states_dir else None)
             f.writelines(json.dumps(row) + "\n" for row in rows)
             f.flush()
+            if tensors is not None:
+                write_state_shard(Path(states_dir), rows, tensors, layer_ids)
             written += len(rows)
             new_tokens += sum(len(r["input_ids"]) - r["prompt_len"] for r in rows)
             bar.update(len(rows))
@@ -255,6 +319,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="fp32 is faster for batched generation on AVX2 CPUs without native bf16")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--states-dir", type=Path, default=None,
+                        help="also record the target states for training (feature-store shards) here")
+    parser.add_argument("--tap-layers", default=None,
+                        help="comma-separated target layers to record (default: the head's default 3 taps)")
     parser.add_argument("--seed", type=int, default=0, help="prompt shuffle seed (keep it fixed to resume)")
     return parser.parse_args(argv)
 
@@ -271,8 +339,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      turns=args.turns)
     print(f"prompts: {len(prompts)} kept, skipped {dict(skipped)}", flush=True)
     random.Random(args.seed).shuffle(prompts)
+    layer_ids = None
+    if args.states_dir:
+        layer_ids = ([int(x) for x in args.tap_layers.split(",")] if args.tap_layers
+                     else default_target_layer_ids(model.config.num_hidden_layers, 3))
     written = generate_responses(model, tokenizer, prompts, args.out, batch_size=args.batch_size,
-                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit)
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit,
+                                 states_dir=args.states_dir, layer_ids=layer_ids)
     print(f"wrote {written} rows to {args.out}", flush=True)
 
 
