@@ -58,11 +58,19 @@ def depth_weights(block_size: int, decay: float | None, device=None) -> torch.Te
     return w
 
 
+def tempered_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def kl_from_logprobs(teacher: torch.Tensor, student: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per-row KL(teacher || student) * T^2 from log-probabilities ``[N, V]`` -> ``[N]`` (Hinton scaling)."""
+    return (teacher.exp() * (teacher - student)).sum(-1) * temperature**2
+
+
 def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Per-row KL(softmax(t/T) || softmax(s/T)) * T^2 for ``[N, V]`` logits -> ``[N]``."""
-    t = torch.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    s = torch.log_softmax(student_logits.float() / temperature, dim=-1)
-    return (t.exp() * (t - s)).sum(-1) * temperature**2
+    return kl_from_logprobs(tempered_logprobs(teacher_logits, temperature),
+                            tempered_logprobs(student_logits, temperature), temperature)
 
 
 def head_block_hidden(head, features: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
@@ -99,13 +107,16 @@ def jetspec_loss(head, features, input_ids, lengths, anchors, teacher_logits_fn,
     if rows[0].numel() == 0:
         return hidden.sum() * 0.0
     flat_hidden = hidden[rows]
-    batch_index, target_pos = rows[0], pos[rows] - 1
     w = weights[rows]
+    # A position is the teacher of up to B-1 slots (overlapping blocks): compute each teacher row once.
+    seq_len = input_ids.shape[1]
+    keys, slot_to_key = torch.unique(rows[0] * seq_len + pos[rows] - 1, return_inverse=True)
+    with torch.no_grad():
+        teacher = torch.cat([tempered_logprobs(teacher_logits_fn(k // seq_len, k % seq_len), temperature)
+                             for k in keys.split(chunk)])
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, flat_hidden.shape[0], chunk):
         sl = slice(start, start + chunk)
-        student = lm_head(flat_hidden[sl].to(lm_head.weight.dtype))
-        with torch.no_grad():
-            teacher = teacher_logits_fn(batch_index[sl], target_pos[sl])
-        total = total + (forward_kl(student, teacher, temperature) * w[sl]).sum()
+        student = tempered_logprobs(lm_head(flat_hidden[sl].to(lm_head.weight.dtype)), temperature)
+        total = total + (kl_from_logprobs(teacher[slot_to_key[sl]], student, temperature) * w[sl]).sum()
     return total / w.sum()

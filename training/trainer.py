@@ -44,16 +44,18 @@ class SequenceDataset(Dataset):
 
 
 class StoreDataset(Dataset):
-    """Sequences with precomputed target states (a `FeatureStore`)."""
+    """Sequences with precomputed target states (a `FeatureStore`), optionally without the ids in ``exclude``."""
 
-    def __init__(self, store: FeatureStore) -> None:
+    def __init__(self, store: FeatureStore, exclude: set[str] = frozenset()) -> None:
         self.store = store
+        self.indices = [i for i, (_, entry) in enumerate(store.items)
+                        if str(entry["id"]) not in exclude and entry["length"] > entry["prompt_len"]]
 
     def __len__(self) -> int:
-        return len(self.store)
+        return len(self.indices)
 
     def __getitem__(self, i: int) -> dict:
-        return self.store[i]
+        return self.store[self.indices[i]]
 
 
 @dataclass
@@ -184,7 +186,9 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hf-jetspec train", description="Train a JetSpec head with the Trainer.")
     p.add_argument("--data", required=True, help="JSONL of {input_ids, prompt_len} (see hf_jetspec.training.data)")
-    p.add_argument("--features", default=None, help="feature store folder (built on first use when missing)")
+    p.add_argument("--features", default=None,
+                   help="feature store folder: used as is when it exists (e.g. recorded by the data generator "
+                        "with --states-dir), else built from the data on first use")
     p.add_argument("--model", default=None, help="target folder / Hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--init-head", default=None, help="start from this head instead of a fresh one")
@@ -217,19 +221,26 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     rows = [r for r in read_jsonl(args.data) if not is_held_out(str(r["id"]))]
     train_rows, eval_prompts = split_held_out(rows, args.eval_count, args.seed)
-    target, tokenizer = load_target(args.model, "float32", None)
+    eval_ids = {r["id"] for r in rows} - {r["id"] for r in train_rows}
+    target, _ = load_target(args.model, "float32", None)
+    store = None
+    if args.features and (Path(args.features) / "meta.json").exists():
+        store = FeatureStore(args.features)  # e.g. recorded during data generation
     if args.init_head:
         head = JetSpecHead.from_pretrained(args.init_head)
     else:
         torch.manual_seed(args.seed)
-        head = JetSpecHead.for_target(target, num_taps=args.taps, num_hidden_layers=args.head_layers,
-                                      block_size=args.block_size)
-    if args.features:
+        taps = {"target_layer_ids": store.layer_ids} if store is not None else {"num_taps": args.taps}
+        head = JetSpecHead.for_target(target, num_hidden_layers=args.head_layers, block_size=args.block_size, **taps)
+    if args.features and store is None:
         from .features import build_feature_store
 
-        kept = {r["id"] for r in train_rows}
-        build_feature_store(target, [r for r in rows if r["id"] in kept], head.config.target_layer_ids, args.features)
-        dataset = StoreDataset(FeatureStore(args.features))
+        store = FeatureStore(build_feature_store(target, train_rows, head.config.target_layer_ids, args.features))
+    if store is not None:
+        if store.layer_ids != head.config.target_layer_ids:
+            raise ValueError(f"feature store taps {store.layer_ids} != head taps {head.config.target_layer_ids}")
+        dataset = StoreDataset(store, exclude=eval_ids | {str(r["id"]) for r in read_jsonl(args.data)
+                                                          if is_held_out(str(r["id"]))})
     else:
         dataset = SequenceDataset(train_rows, args.max_length)
     training_args = TrainingArguments(

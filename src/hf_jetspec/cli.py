@@ -188,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plots", default=None, help="write PNG plots into this folder")
     b.set_defaults(func=cmd_bench)
 
+    sub.add_parser("train", help="train a JetSpec head with the transformers Trainer (see `hf-jetspec train -h`)")
+
     c = sub.add_parser("convert-gguf", help="convert a GGUF file to an HF folder (cached by file hash)")
     c.add_argument("gguf")
     c.add_argument("--out", default=None)
@@ -197,6 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # the trainer has its own argument parser
+        from .training.trainer import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

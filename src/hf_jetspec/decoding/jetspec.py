@@ -15,6 +15,7 @@ from ..drafters import Drafter, HeadDrafter
 from ..features import FeatureTap
 from ..head import JetSpecHead
 from ..outputs import DecodingStats, Timer
+from ..sampling import DEFAULT_SAMPLING_RULE, check_sampling_rule, draft_distributions, rejection_walk, sampled_tree
 from ..tokens import TokenSelector, TokenWriter, remaining_tokens
 from ..tree import TREE_BUILDERS
 from ..verify import accept_walk, verify_tree
@@ -56,6 +57,7 @@ def jetspec_generate(
     tree_width: int | None = None,
     tree_builder: str = "best_first",
     tree_kernel: bool | None = None,
+    sampling_rule: str = DEFAULT_SAMPLING_RULE,
     token_streamer=None,
     generator: torch.Generator | None = None,
     **model_kwargs,
@@ -70,6 +72,10 @@ def jetspec_generate(
         tree_width: candidate tokens per depth; default: the head's ``config.tree_width`` (8).
         tree_builder: ``"best_first"`` (tree) or ``"chain"`` (linear draft).
         tree_kernel: use the Triton tree-attention kernel (None: automatically on CUDA).
+        sampling_rule: how a tree is drafted and verified when sampling (``do_sample=True``; greedy decoding
+            ignores it): ``"rrs"`` (default) draws each node's children from the processed draft distribution
+            without replacement and verifies them by recursive rejection (`hf_jetspec.sampling`); ``"match"``
+            drafts the top tokens and follows the child carrying the target's own sample. Both are exact.
         token_streamer: a streamer receiving tokens as they are accepted (``generate()`` does not forward its own
             ``streamer=`` to ``custom_generate`` callables; the ``assistant_model`` route forwards it).
         generator: ``torch.Generator`` for reproducible sampling.
@@ -83,6 +89,7 @@ def jetspec_generate(
     cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
     drafter = resolve_drafter(model, draft_head, drafter)
     build_tree = TREE_BUILDERS[tree_builder]
+    rejection = check_sampling_rule(sampling_rule) == "rrs" and bool(generation_config.do_sample)
     plan = plan_tree_attention(model, tree_kernel)
     cache_key = cache_kwarg(model)
     selector = TokenSelector(logits_processor, generation_config, generator)
@@ -105,13 +112,21 @@ def jetspec_generate(
             t1 = timer.now()
             depth = min(drafter.block_size - 1, remaining_tokens(writer, generation_config) - 1)
             budget = min(tree_budget, room_left(cache, prefix) or tree_budget)
-            tree = build_tree(int(writer.ids[0, -1]), draft, budget, width=tree_width, max_depth=depth)
+            if rejection:
+                q = draft_distributions(selector, writer.ids, draft[:depth])
+                shape = build_tree(int(writer.ids[0, -1]), q.log(), budget, width=tree_width, max_depth=depth)
+                tree = sampled_tree(shape, q, selector.generator)
+            else:
+                tree = build_tree(int(writer.ids[0, -1]), draft, budget, width=tree_width, max_depth=depth)
             t2 = timer.now()
             logits = verify_tree(model, tree, cache, prefix, plan, cache_key)
             features = tap.features()
             t3 = timer.now()
             before = writer.length
-            visited = accept_walk(tree, logits, selector, writer)
+            if rejection:
+                visited = rejection_walk(tree, logits, q, selector, writer)
+            else:
+                visited = accept_walk(tree, logits, selector, writer)
             keep_positions(cache, prefix, visited)
             if features is not None:
                 features = features[:, visited]
