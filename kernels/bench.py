@@ -11,6 +11,9 @@ One attention call of a tree verification step (the N tree nodes on top of P cac
 
 Every timed output is checked against an fp32 SDPA reference (max abs error columns).
 
+Then end-to-end JetSpec steps on a randomly initialised Qwen3-8B-shaped target with the oracle drafter, per tree
+budget, through the kernel and through sdpa with the dense mask (``--no-e2e`` skips them).
+
 GPU (Qwen3-8B attention shapes: 32 query heads, 8 KV heads, head_dim 128, bf16; under 10 minutes on an H200)::
 
     python -m hf_jetspec.kernels.bench
@@ -199,10 +202,64 @@ def _row(num_nodes: int, prefix_len: int, names: tuple[str, ...], times: dict, e
     return f"{num_nodes:>5} {prefix_len:>6} | {timings} {mask_ms:>10.3f} | {errs} | {speedup}"
 
 
+def end_to_end(device: torch.device, quick: bool, budgets: tuple[int, ...] = (16, 32, 64, 128, 256),
+               prefix_len: int = 1024, new_tokens: int = 96) -> None:
+    """JetSpec decoding steps on a randomly initialised Qwen3-8B-shaped target (bf16) with the oracle drafter:
+    per tree budget, verify-step time and tokens/s through the kernel vs sdpa with the dense mask."""
+    # A benchmark script, not library code: it may use the decoding engine (the library never imports it).
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import hf_jetspec
+
+    shape = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936)
+    if quick:
+        shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, vocab_size=256)
+        budgets, prefix_len, new_tokens = (8, 16), 32, 12
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(Qwen3Config(max_position_embeddings=32768, attn_implementation="sdpa", **shape))
+    torch.set_default_dtype(previous)
+    model.eval().generation_config.pad_token_id = 0
+    prompt = torch.randint(0, shape["vocab_size"], (1, prefix_len), device=device)
+    kwargs = dict(do_sample=False, max_new_tokens=new_tokens)
+    model.generate(prompt, **kwargs)  # warm-up
+    start = time.perf_counter()
+    reference = model.generate(prompt, **kwargs)
+    plain_s = time.perf_counter() - start
+    print(f"\nend-to-end: {'tiny' if quick else 'Qwen3-8B-shaped'} random target ({dtype}), prefix {prefix_len}, {new_tokens} new tokens, "
+          f"oracle drafter (block 16); plain greedy {new_tokens / plain_s:.1f} tokens/s")
+    print(f"{'budget':>6} {'attention':>10} | {'verify ms':>10} {'tokens/s':>9} {'tau':>6} {'speedup':>8} | same as greedy")
+    for budget in budgets:
+        for use_kernel in (True, False):
+            drafter = hf_jetspec.OracleDrafter(reference, shape["vocab_size"], 16)
+            run = lambda: model.generate(prompt, custom_generate=hf_jetspec.jetspec_generate, drafter=drafter,  # noqa: E731
+                                         tree_budget=budget, tree_kernel=use_kernel, return_dict_in_generate=True,
+                                         **kwargs)
+            try:
+                run()
+                start = time.perf_counter()
+                out = run()
+                seconds = time.perf_counter() - start
+            except Exception as exc:
+                print(f"{budget:>6} {'kernel' if use_kernel else 'sdpa':>10} | failed: {type(exc).__name__}: {exc}")
+                continue
+            stats = out.stats
+            verify_ms = 1e3 * stats.target_time / max(1, stats.target_forwards)
+            same = torch.equal(out.sequences, reference)
+            print(f"{budget:>6} {'kernel' if use_kernel else 'sdpa':>10} | {verify_ms:>10.2f} "
+                  f"{new_tokens / seconds:>9.1f} {stats.tau:>6.2f} {plain_s / seconds:>7.2f}x | {same}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 1 rep; runs on CPU under TRITON_INTERPRET=1")
     parser.add_argument("--no-flex", action="store_true", help="skip flex_attention (it compiles once per shape)")
+    parser.add_argument("--no-e2e", action="store_true", help="skip the end-to-end JetSpec steps")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     setup = QUICK if args.quick else QWEN3_8B
@@ -212,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"note: the Triton kernel is not available on {device} (CPU needs TRITON_INTERPRET=1): kernel column n/a")
     ok = run(setup, device, use_flex=not args.no_flex)
     print("all outputs within tolerance" if ok else "SOME OUTPUTS EXCEED THE TOLERANCE")
+    if not args.no_e2e and kernel_available(device):
+        end_to_end(device, args.quick)
     if not ok:
         raise SystemExit(1)
 
