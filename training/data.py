@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import random
 import re
 import time
@@ -265,7 +266,7 @@ def write_state_shard(directory: Path, rows: list[dict], tensors: dict[str, torc
         raise ValueError(f"{directory} holds states of other tap layers: {meta.read_text()}")
     index = [{"key": f"s{i}", "id": r["id"], "prompt_len": r["prompt_len"], "length": len(r["input_ids"])}
              for i, r in enumerate(rows)]
-    path = directory / f"shard_{len(list(directory.glob('shard_*.safetensors'))):06d}.safetensors"
+    path = directory / f"shard_{time.time_ns()}_{os.getpid()}.safetensors"  # unique across concurrent workers
     tmp = path.with_suffix(".tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"index": json.dumps(index)})
     tmp.rename(path)
@@ -326,6 +327,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tap-layers", default=None,
                         help="comma-separated target layers to record (default: the head's default 3 taps)")
     parser.add_argument("--seed", type=int, default=0, help="prompt shuffle seed (keep it fixed to resume)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="work from the end of the shuffled prompt list (a second worker, with its own --out)")
     return parser.parse_args(argv)
 
 
@@ -341,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      turns=args.turns)
     print(f"prompts: {len(prompts)} kept, skipped {dict(skipped)}", flush=True)
     random.Random(args.seed).shuffle(prompts)
+    if args.reverse:
+        prompts.reverse()
     layer_ids = None
     if args.states_dir:
         layer_ids = ([int(x) for x in args.tap_layers.split(",")] if args.tap_layers

@@ -185,7 +185,8 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hf-jetspec train", description="Train a JetSpec head with the Trainer.")
-    p.add_argument("--data", required=True, help="JSONL of {input_ids, prompt_len} (see hf_jetspec.training.data)")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="JSONL file(s) of {id, input_ids, prompt_len} (see hf_jetspec.training.data)")
     p.add_argument("--features", default=None,
                    help="feature store folder: used as is when it exists (e.g. recorded by the data generator "
                         "with --states-dir), else built from the data on first use")
@@ -220,7 +221,8 @@ def main(argv=None) -> int:
     from hf_jetspec.cli import load_target
 
     args = parse_args(argv)
-    rows = [r for r in read_jsonl(args.data) if not is_held_out(str(r["id"]))]
+    all_rows = [r for path in args.data for r in read_jsonl(path)]
+    rows = list({r["id"]: r for r in all_rows if not is_held_out(str(r["id"]))}.values())  # dedupe across files
     train_rows, eval_prompts = split_held_out(rows, args.eval_count, args.seed)
     eval_ids = {r["id"] for r in rows} - {r["id"] for r in train_rows}
     target, _ = load_target(args.model, args.target_dtype, None)
@@ -240,8 +242,7 @@ def main(argv=None) -> int:
     if store is not None:
         if store.layer_ids != head.config.target_layer_ids:
             raise ValueError(f"feature store taps {store.layer_ids} != head taps {head.config.target_layer_ids}")
-        dataset = StoreDataset(store, exclude=eval_ids | {str(r["id"]) for r in read_jsonl(args.data)
-                                                          if is_held_out(str(r["id"]))})
+        dataset = StoreDataset(store, exclude=eval_ids | {str(r["id"]) for r in all_rows if is_held_out(str(r["id"]))})
     else:
         dataset = SequenceDataset(train_rows, args.max_length)
     training_args = TrainingArguments(
