@@ -24,10 +24,7 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2():
-    torch.set_num_threads(2)
-    model, tokenizer = default_model()
-    yield model, tokenizer
-    torch.set_num_threads(1)
+    return default_model()
 
 
 def test_smollm2_is_really_pretrained(smollm2):
