@@ -51,6 +51,11 @@ def test_loss_matches_hand_computation():
                 q = torch.softmax(logits[k - 1] / 1.5, -1)
                 terms.append((p * (p.log() - q.log())).sum() * 1.5**2)
     assert torch.allclose(loss, torch.stack(terms).mean(), atol=1e-5)
+    # The bf16 LM-head matmul (the fast CPU option) computes the same loss up to bf16 rounding.
+    fast = jetspec_loss(head, features, ids, lengths, anchors, lambda b, p: teacher_logits[b, p], embed, lm_head,
+                        temperature=1.5, logits_dtype=torch.bfloat16)
+    assert fast.dtype == torch.float32 and fast != loss
+    assert torch.allclose(fast, loss, rtol=2e-2)
 
 
 def test_anchor_slot_and_out_of_range_slots_get_no_loss():

@@ -4,6 +4,11 @@ Per prompt, plain greedy ``generate()`` runs first (it is both the baseline and 
 other strategy. Target forwards are counted with a forward pre-hook on the target, so "tokens per target forward"
 (tau) means the same thing for every strategy. A greedy strategy whose output differs from plain greedy's is a
 mismatch; in float32 that is a bug and makes the command fail.
+
+Sampling (``temperatures`` above 0): every strategy, the plain ``generate()`` baseline included, samples with that
+temperature (seeded per prompt); outputs are not compared (``matches_greedy`` is None) and the strategies of each
+temperature carry a ``/T<temperature>`` suffix (``ar/T0.7``, ``jetspec@32/T0.7``), each compared with its own
+temperature's baseline.
 """
 
 from __future__ import annotations
@@ -33,30 +38,42 @@ STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "spec-jacobi", "j
 
 @dataclass(frozen=True)
 class Strategy:
-    """``kind`` from `STRATEGY_KINDS`; ``budget``: tree budget for JetSpec kinds."""
+    """``kind`` from `STRATEGY_KINDS`; ``budget``: tree budget for JetSpec kinds; ``temperature``: 0 = greedy."""
 
     kind: str
     budget: int | None = None
+    temperature: float = 0.0
 
     @property
     def name(self) -> str:
-        return f"{self.kind}@{self.budget}" if self.budget is not None else self.kind
+        name = f"{self.kind}@{self.budget}" if self.budget is not None else self.kind
+        return f"{name}/T{self.temperature:g}" if self.temperature > 0 else name
+
+    @property
+    def baseline(self) -> str:
+        """Name of the plain ``generate()`` run this strategy is compared with (same temperature)."""
+        return Strategy("ar", temperature=self.temperature).name
 
 
-def parse_strategies(text: str, budgets: list[int]) -> list[Strategy]:
-    """``"ar,jetspec,prompt-lookup"`` -> strategies; JetSpec kinds expand over ``budgets``. ``ar`` is always first."""
+def parse_strategies(text: str, budgets: list[int], temperatures: list[float] = (0.0,)) -> list[Strategy]:
+    """``"ar,jetspec,prompt-lookup"`` -> strategies; JetSpec kinds expand over ``budgets``, everything over
+    ``temperatures``. Each temperature's ``ar`` comes first in its group."""
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in STRATEGY_KINDS]
     if unknown:
         raise ValueError(f"Unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGY_KINDS)}")
-    out = [Strategy("ar")]
-    for kind in kinds:
-        if kind == "ar":
-            continue
-        if kind.startswith("jetspec"):
-            out += [Strategy(kind, b) for b in budgets]
-        else:
-            out.append(Strategy(kind))
+    if any(t < 0 for t in temperatures):
+        raise ValueError(f"Temperatures must be >= 0 (0 = greedy), got {list(temperatures)}")
+    out = []
+    for temperature in dict.fromkeys(float(t) for t in temperatures):
+        out.append(Strategy("ar", temperature=temperature))
+        for kind in kinds:
+            if kind == "ar":
+                continue
+            if kind.startswith("jetspec"):
+                out += [Strategy(kind, b, temperature) for b in budgets]
+            else:
+                out.append(Strategy(kind, temperature=temperature))
     return out
 
 
@@ -78,8 +95,9 @@ class Run:
     new_tokens: int
     seconds: float
     target_forwards: int
-    matches_greedy: bool | None = None
+    matches_greedy: bool | None = None  # None when sampling: outputs are not compared
     overhead_share: float | None = None
+    baseline: str = "ar"
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,12 +146,18 @@ def _generate_kwargs(strategy: Strategy, resources: Resources, reference: torch.
 
 
 def run_strategy(model, input_ids: torch.Tensor, strategy: Strategy, max_new_tokens: int, resources: Resources,
-                 reference: torch.Tensor | None = None) -> tuple[torch.Tensor, float, int, float | None]:
-    """Generate greedily with ``strategy``; return (sequence [1, T], seconds, target forwards, overhead share)."""
+                 reference: torch.Tensor | None = None, seed: int = 0) -> tuple[torch.Tensor, float, int, float | None]:
+    """Generate with ``strategy`` (greedily, or sampling at its temperature after ``torch.manual_seed(seed)``);
+    return (sequence [1, T], seconds, target forwards, overhead share)."""
     kwargs = _generate_kwargs(strategy, resources, reference, model.get_output_embeddings().weight.shape[0])
+    if strategy.temperature > 0:
+        kwargs |= {"do_sample": True, "temperature": strategy.temperature}
+        torch.manual_seed(seed)
+    else:
+        kwargs["do_sample"] = False
     with count_forwards(model) as forwards:
         start = time.perf_counter()
-        out = model.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens, **kwargs)
+        out = model.generate(input_ids, max_new_tokens=max_new_tokens, **kwargs)
         seconds = time.perf_counter() - start
     stats = getattr(out, "stats", None)
     sequences = out.sequences if hasattr(out, "sequences") else out
@@ -155,8 +179,8 @@ class BenchResult:
     mismatches: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self, runs: list[Run] | None = None) -> dict[str, dict]:
-        """Per strategy: tau, tokens_per_s, speedup (median and mean of per-prompt ratios vs ar),
-        target_forwards_per_token, matches_greedy, prompts."""
+        """Per strategy: tau, tokens_per_s, speedup (median and mean of per-prompt ratios vs plain generate at the
+        same temperature), target_forwards_per_token, matches_greedy (None when sampling), prompts."""
         runs = self.runs if runs is None else runs
         by_prompt = {(r.prompt_id, r.strategy): r for r in runs}
         out = {}
@@ -164,8 +188,10 @@ class BenchResult:
             mine = [r for r in runs if r.strategy == name]
             if not mine:
                 continue
-            ratios = [r.tokens_per_s / by_prompt[(r.prompt_id, "ar")].tokens_per_s for r in mine
-                      if by_prompt[(r.prompt_id, "ar")].tokens_per_s > 0]
+            bases = [by_prompt.get((r.prompt_id, r.baseline)) for r in mine]
+            ratios = [r.tokens_per_s / b.tokens_per_s for r, b in zip(mine, bases)
+                      if b is not None and b.tokens_per_s > 0]
+            sampled = all(r.matches_greedy is None for r in mine)
             tokens, seconds = sum(r.new_tokens for r in mine), sum(r.seconds for r in mine)
             forwards = sum(r.target_forwards for r in mine)
             overheads = [r.overhead_share for r in mine if r.overhead_share is not None]
@@ -176,7 +202,7 @@ class BenchResult:
                 "speedup": statistics.median(ratios) if ratios else None,
                 "speedup_mean": statistics.fmean(ratios) if ratios else None,
                 "target_forwards_per_token": forwards / max(1, tokens),
-                "matches_greedy": all(r.matches_greedy is not False for r in mine),
+                "matches_greedy": None if sampled else all(r.matches_greedy is not False for r in mine),
                 "mismatched_prompts": sum(r.matches_greedy is False for r in mine),
                 "loop_overhead_share": statistics.fmean(overheads) if overheads else None,
             }
@@ -190,24 +216,27 @@ class BenchResult:
 def benchmark(model, tokenizer, prompts: list[Prompt], strategies: list[Strategy], max_new_tokens: int,
               resources: Resources, chat: bool = True, warmup: bool = True,
               on_mismatch: Callable[[str, str], None] | None = None) -> BenchResult:
-    """Run every strategy on every prompt (plain greedy first), interleaved, after one warm-up round."""
+    """Run every strategy on every prompt, interleaved, after one warm-up round. Per prompt and temperature plain
+    ``generate()`` runs first: the baseline, and (greedy) the reference every other output must equal."""
     result = BenchResult(strategies=[s.name for s in strategies])
     encoded = [encode_prompt(tokenizer, p.text, chat).to(model.device) for p in prompts]
     if warmup and encoded:
-        reference, *_ = run_strategy(model, encoded[0], strategies[0], min(16, max_new_tokens), resources)
-        for strategy in strategies[1:]:
-            run_strategy(model, encoded[0], strategy, min(16, max_new_tokens), resources, reference)
+        reference = None
+        for strategy in strategies:
+            out, *_ = run_strategy(model, encoded[0], strategy, min(16, max_new_tokens), resources, reference)
+            reference = out if strategy.kind == "ar" else reference
     bar = tqdm(total=len(prompts) * len(strategies), desc="benchmark", unit="run")
-    for prompt, ids in zip(prompts, encoded):
-        reference, seconds, forwards, _ = run_strategy(model, ids, strategies[0], max_new_tokens, resources)
-        result.runs.append(Run(prompt.id, prompt.category, "ar", reference.shape[1] - ids.shape[1], seconds, forwards, True))
-        bar.update()
-        for strategy in strategies[1:]:
-            out, seconds, forwards, overhead = run_strategy(model, ids, strategy, max_new_tokens, resources, reference)
-            same = torch.equal(out, reference)
+    for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        reference = None
+        for strategy in strategies:
+            out, seconds, forwards, overhead = run_strategy(model, ids, strategy, max_new_tokens, resources, reference,
+                                                            seed=index)
+            if strategy.kind == "ar":
+                reference = out
+            same = None if strategy.temperature > 0 else torch.equal(out, reference)
             result.runs.append(Run(prompt.id, prompt.category, strategy.name, out.shape[1] - ids.shape[1], seconds,
-                                   forwards, same, overhead))
-            if not same:
+                                   forwards, same, overhead, strategy.baseline))
+            if same is False:
                 result.mismatches.append((prompt.id, strategy.name))
                 if on_mismatch is not None:
                     on_mismatch(prompt.id, strategy.name)
@@ -259,7 +288,7 @@ def format_table(summary: dict[str, dict]) -> str:
         speed = "-" if s["speedup"] is None else f"{s['speedup']:.2f}x"
         mean = "-" if s["speedup_mean"] is None else f"{s['speedup_mean']:.2f}"
         overhead = "-" if s["loop_overhead_share"] is None else f"{100 * s['loop_overhead_share']:.1f}%"
-        same = "same" if s["matches_greedy"] else f"DIFFERS ({s['mismatched_prompts']})"
+        same = {None: "sampled", True: "same"}.get(s["matches_greedy"], f"DIFFERS ({s['mismatched_prompts']})")
         lines.append(f"{name:<22}{s['tau']:>7.2f}{s['tokens_per_s']:>9.2f}{speed:>9}{mean:>7}"
                      f"{s['target_forwards_per_token']:>9.3f}{overhead:>10}  {same}")
     return "\n".join(lines)
@@ -276,7 +305,7 @@ def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     per_cat = result.per_category()
     categories = list(per_cat)
-    names = [n for n in result.strategies if n != "ar"]
+    names = [n for n in result.strategies if n.split("/")[0] != "ar"]
     paths = []
     for metric, label in (("speedup", "speedup over plain greedy (median)"), ("tau", "tokens per target forward")):
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(names)) / 2), 4))
@@ -296,10 +325,15 @@ def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
         paths.append(path)
     overall = result.summary()
     fig, ax = plt.subplots(figsize=(6, 4))
-    kinds = sorted({n.split("@")[0] for n in overall if "@" in n})
-    for kind in kinds:
-        points = sorted((int(n.split("@")[1]), s["tau"]) for n, s in overall.items() if n.startswith(kind + "@"))
-        ax.plot([b for b, _ in points], [t for _, t in points], marker="o", label=kind)
+    curves = defaultdict(list)  # "kind" or "kind/T0.7" -> [(budget, tau)]
+    for name, s in overall.items():
+        if "@" in name:
+            kind, _, rest = name.partition("@")
+            budget, _, temperature = rest.partition("/")
+            curves[f"{kind}/{temperature}" if temperature else kind].append((int(budget), s["tau"]))
+    for label, points in sorted(curves.items()):
+        points.sort()
+        ax.plot([b for b, _ in points], [t for _, t in points], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree budget (nodes verified per step)")
     ax.set_ylabel("tokens per target forward")

@@ -106,7 +106,11 @@ def cmd_bench(args) -> int:
         budgets = [int(b) for b in args.budgets.split(",")]
     except ValueError:
         raise CLIError(f"--budgets must be comma-separated integers, got {args.budgets!r}") from None
-    strategies = bench.parse_strategies(args.strategies, budgets)
+    try:
+        temperatures = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        raise CLIError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
+    strategies = bench.parse_strategies(args.strategies, budgets, temperatures)
     prompts = limit_per_category(
         load_prompts(args.prompts, field=args.field, category_field=args.category_field), args.limit
     )
@@ -181,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=128)
     b.add_argument("--strategies", default="ar,jetspec", help="comma list of: " + ", ".join(STRATEGY_KINDS))
     b.add_argument("--budgets", default="32", help="comma list of JetSpec tree budgets")
+    b.add_argument("--temperatures", default="0",
+                   help="comma list of temperatures: 0 = greedy (outputs checked against plain greedy), > 0 = every "
+                        "strategy and the plain-generate baseline sample (names get a /T<t> suffix)")
     b.add_argument("--oracle-block", type=int, default=16, help="block size of the oracle drafter")
     b.add_argument("--draft-model", default=None, help="draft model (HF folder) for the 'assisted' and 'spec-jacobi' strategies")
     b.add_argument("--per-category", action="store_true", help="print a table per category")

@@ -62,33 +62,37 @@ def sampled_tree(shape: DraftTree, q: torch.Tensor, generator: torch.Generator |
     of every node become draws without replacement from ``q[depth]`` (``q [D, V]``: row d-1 for depth d), in
     draw order. Children beyond q's support are dropped with their subtrees. ``scores``: accumulated log q."""
     parents, depths = shape.parents.tolist(), shape.depths.tolist()
+    support = (q > 0).sum(dim=-1).tolist()
     drawn: dict[int, list[int]] = {}  # parent -> its drawn child tokens, in draw order
-    tokens, new_parents, new_depths, scores = [int(shape.tokens[0])], [-1], [0], [0.0]
+    tokens, new_parents, new_depths = [int(shape.tokens[0])], [-1], [0]
     index = {0: 0}  # shape node -> new node
     rank = [0] * len(parents)
-    logq = q.log()
     for node in range(1, len(parents)):
-        parent = parents[node]
+        parent, row = parents[node], depths[node] - 1
         if parent not in index:
             continue
         if parent not in drawn:
-            width = len(shape.children[parent])
-            drawn[parent] = sample_without_replacement(q[depths[node] - 1], width, generator).tolist()
+            count = min(len(shape.children[parent]), support[row])
+            drawn[parent] = torch.multinomial(q[row], count, replacement=False, generator=generator).tolist()
         r = rank[parent]
         rank[parent] += 1
         if r >= len(drawn[parent]):
             continue
-        token = drawn[parent][r]
         index[node] = len(tokens)
-        tokens.append(token)
+        tokens.append(drawn[parent][r])
         new_parents.append(index[parent])
         new_depths.append(depths[node])
-        scores.append(scores[index[parent]] + float(logq[depths[node] - 1, token]))
     device = shape.tokens.device
+    tokens_t = torch.tensor(tokens, dtype=torch.long, device=device)
+    depths_t = torch.tensor(new_depths, dtype=torch.long, device=device)
+    step = q[(depths_t[1:] - 1), tokens_t[1:]].log().tolist()
+    scores = [0.0]
+    for parent, value in zip(new_parents[1:], step):
+        scores.append(scores[parent] + value)
     return DraftTree(
-        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+        tokens=tokens_t,
         parents=torch.tensor(new_parents, dtype=torch.long, device=device),
-        depths=torch.tensor(new_depths, dtype=torch.long, device=device),
+        depths=depths_t,
         scores=torch.tensor(scores, dtype=torch.float32, device=device),
     )
 
@@ -100,7 +104,8 @@ def recursive_rejection(p: torch.Tensor, q: torch.Tensor, children: list[int],
     ``p [V]``: the target's processed distribution at the node. Returns (index of the accepted child or None, the
     emitted token): an exact sample of p.
     """
-    p, q = p.double(), q.double()
+    if children:
+        p, q = p.double(), q.double()
     for i, child in enumerate(children):
         u = float(torch.rand((), generator=generator, device=p.device, dtype=torch.float64))
         if u * float(q[child]) < float(p[child]):  # P(accept) = min(1, p'(c) / q'(c))

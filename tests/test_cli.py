@@ -1,0 +1,125 @@
+"""hf-jetspec command line: generate streams, bench writes JSON and plots and catches mismatches, train runs,
+and bad arguments give one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import make_target
+from transformers import AutoTokenizer
+
+from hf_jetspec import JetSpecHead, bench
+from hf_jetspec.cli import main
+from hf_jetspec.models import convert_gguf, find_smollm2_gguf
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer (and chat template), saved as an HF folder, plus a head."""
+    folder = tmp_path_factory.mktemp("tiny")
+    tokenizer = AutoTokenizer.from_pretrained(convert_gguf(find_smollm2_gguf()))
+    model = make_target("llama", vocab=len(tokenizer), hidden=32, layers=2, heads=2, kv_heads=1,
+                        eos_token_id=tokenizer.eos_token_id)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    torch.manual_seed(0)
+    JetSpecHead.for_target(model, block_size=6).save_pretrained(folder / "head")
+    return folder
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"q": "Hello there", "cat": "greet"}, {"q": "What is 2+2?", "cat": "math"}, {"q": "Say hi", "cat": "greet"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def test_generate_streams_and_reports(model_dir, capsys):
+    assert main(["generate", "--model", str(model_dir / "model"), "--head", str(model_dir / "head"),
+                 "--max-new-tokens", "12", "--compare", "Tell me a story"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "tau" in out and "identical to plain greedy" in out
+    for strategy in ("ar", "jacobi"):
+        assert main(["generate", "--model", str(model_dir / "model"), "--strategy", strategy,
+                     "--max-new-tokens", "8", "hi"]) == 0
+        assert f"[{strategy}]" in capsys.readouterr().out
+
+
+def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
+    out_json, plots = tmp_path / "bench.json", tmp_path / "plots"
+    code = main(["bench", "--model", str(model_dir / "model"), "--head", str(model_dir / "head"),
+                 "--prompts", str(prompts_file), "--field", "q", "--category-field", "cat", "--limit", "1",
+                 "--max-new-tokens", "10", "--strategies", "ar,jetspec,jetspec-oracle,prompt-lookup,jacobi",
+                 "--budgets", "4,8", "--json", str(out_json), "--plots", str(plots)])
+    assert code == 0, capsys.readouterr().err
+    payload = json.loads(out_json.read_text())
+    assert set(payload["per_category"]) == {"greet", "math"}
+    for name in ("ar", "jetspec@4", "jetspec@8", "jetspec-oracle@4", "prompt-lookup", "jacobi"):
+        stats = payload["strategies"][name]
+        assert {"tau", "tokens_per_s", "speedup", "matches_greedy"} <= set(stats)
+        assert stats["matches_greedy"] is True
+    assert payload["strategies"]["jetspec-oracle@8"]["tau"] > 1.5
+    assert payload["machine"]["torch"] and payload["settings"]["max_new_tokens"] == 10
+    assert {p.name for p in plots.iterdir()} >= {"speedup_per_category.png", "tau_per_category.png",
+                                                  "tau_vs_budget.png"}
+
+
+def test_bench_catches_a_wrong_token(model_dir, prompts_file, monkeypatch, capsys):
+    real = bench.run_strategy
+
+    def corrupt(model, ids, strategy, *args, **kwargs):
+        out = real(model, ids, strategy, *args, **kwargs)
+        if strategy.kind == "jacobi":  # a strategy that returns one wrong token
+            sequence = out[0].clone()
+            sequence[0, -1] = (sequence[0, -1] + 1) % model.config.vocab_size
+            return (sequence, *out[1:])
+        return out
+
+    monkeypatch.setattr(bench, "run_strategy", corrupt)
+    code = main(["bench", "--model", str(model_dir / "model"), "--prompts", str(prompts_file), "--field", "q",
+                 "--limit", "1", "--max-new-tokens", "6", "--strategies", "ar,jacobi"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "MISMATCH" in captured.err and "DIFFERS" in captured.out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "--prompts", "/nonexistent.jsonl"], "not found"),
+        (["bench", "--prompts", "PROMPTS", "--field", "nope"], "no field 'nope'"),
+        (["bench", "--prompts", "PROMPTS", "--field", "q", "--strategies", "ar,warp"], "Unknown strategy 'warp'"),
+        (["bench", "--prompts", "PROMPTS", "--field", "q", "--budgets", "8,x"], "--budgets"),
+    ],
+)
+def test_bad_arguments_give_one_line_errors(argv, message, prompts_file, capsys):
+    argv = [str(prompts_file) if a == "PROMPTS" else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-jetspec: error:") and message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_train_command(model_dir, tmp_path, capsys):
+    from hf_jetspec.cli import load_target
+
+    target, _ = load_target(str(model_dir / "model"), "float32", None)
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for i in range(8):
+        prompt = torch.randint(3, 1000, (1, 4), generator=gen)
+        out = target.generate(prompt, do_sample=False, max_new_tokens=12)
+        rows.append({"id": f"row{i}", "input_ids": out[0].tolist(), "prompt_len": 4})
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out_dir = tmp_path / "head"
+    code = main(["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(out_dir),
+                 "--max-steps", "3", "--batch-size", "2", "--num-anchors", "4", "--block-size", "4",
+                 "--head-layers", "1", "--eval-count", "1", "--eval-steps", "100", "--logging-steps", "1"])
+    assert code == 0
+    head = JetSpecHead.from_pretrained(out_dir)
+    summary = head.config.training_summary
+    assert summary["steps"] == 3 and "tau_held_out" in summary
+    assert "tau" in (out_dir / "README.md").read_text()
