@@ -67,6 +67,19 @@ def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
                                                   "tau_vs_budget.png"}
 
 
+def test_draft_layers_give_a_truncated_draft(model_dir, prompts_file, tmp_path, capsys):
+    """--draft-layers K: the target's first K layers draft for spec-jacobi and HF assisted generation."""
+    assert main(["generate", "--model", str(model_dir / "model"), "--strategy", "spec-jacobi", "--draft-layers", "1",
+                 "--max-new-tokens", "8", "--compare", "hi"]) == 0
+    assert "identical to plain greedy" in capsys.readouterr().out
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "--model", str(model_dir / "model"), "--prompts", str(prompts_file), "--field", "q",
+                 "--limit", "1", "--max-new-tokens", "8", "--strategies", "ar,assisted,spec-jacobi",
+                 "--draft-layers", "1", "--json", str(out_json)]) == 0
+    strategies = json.loads(out_json.read_text())["strategies"]
+    assert strategies["assisted"]["matches_greedy"] and strategies["spec-jacobi"]["matches_greedy"]
+
+
 def test_bench_catches_a_wrong_token(model_dir, prompts_file, monkeypatch, capsys):
     real = bench.run_strategy
 
@@ -93,6 +106,7 @@ def test_bench_catches_a_wrong_token(model_dir, prompts_file, monkeypatch, capsy
         (["bench", "--prompts", "PROMPTS", "--field", "nope"], "no field 'nope'"),
         (["bench", "--prompts", "PROMPTS", "--field", "q", "--strategies", "ar,warp"], "Unknown strategy 'warp'"),
         (["bench", "--prompts", "PROMPTS", "--field", "q", "--budgets", "8,x"], "--budgets"),
+        (["generate", "--strategy", "spec-jacobi", "--draft-model", "d", "--draft-layers", "2", "hi"], "not both"),
     ],
 )
 def test_bad_arguments_give_one_line_errors(argv, message, prompts_file, capsys):

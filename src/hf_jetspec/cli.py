@@ -53,6 +53,16 @@ def load_head(path: str | None, model, quiet: bool = False):
     return head
 
 
+def load_draft(args, model):
+    """The draft model for spec-jacobi / assisted: ``--draft-model PATH`` or ``--draft-layers K`` (the target's own
+    first K layers, `hf_jetspec.models.truncated_draft`); None when neither is given."""
+    from .models import truncated_draft
+
+    if args.draft_layers:
+        return truncated_draft(model, args.draft_layers)
+    return load_target(args.draft_model, args.dtype, args.device)[0] if args.draft_model else None
+
+
 def cmd_generate(args) -> int:
     from transformers import TextStreamer
 
@@ -71,9 +81,10 @@ def cmd_generate(args) -> int:
     elif args.strategy == "jacobi":
         kwargs |= dict(custom_generate=jacobi_generate, return_dict_in_generate=True)
     elif args.strategy == "spec-jacobi":
-        if args.draft_model is None:
-            raise CLIError("--strategy spec-jacobi needs --draft-model (a model with the same tokenizer)")
-        draft, _ = load_target(args.draft_model, args.dtype, args.device)
+        draft = load_draft(args, model)
+        if draft is None:
+            raise CLIError("--strategy spec-jacobi needs --draft-model (a model with the same tokenizer) or "
+                           "--draft-layers K")
         kwargs |= dict(custom_generate=speculative_jacobi_generate, draft_model=draft, return_dict_in_generate=True)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     stream_key = "streamer" if args.strategy == "ar" else "token_streamer"
@@ -120,8 +131,7 @@ def cmd_bench(args) -> int:
     resources = bench.Resources(block_size=args.oracle_block)
     if any(s.kind in ("jetspec", "jetspec-chain") for s in strategies):
         resources.head = load_head(args.head, model)
-    if args.draft_model:
-        resources.draft_model, _ = load_target(args.draft_model, args.dtype, args.device)
+    resources.draft_model = load_draft(args, model)
     exact = args.dtype == "float32"
 
     def report(prompt_id, name):
@@ -172,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--budget", type=int, default=None, help="tree budget (default: the head's)")
     g.add_argument("--draft-model", default=None, help="draft model (same tokenizer) for --strategy spec-jacobi")
+    g.add_argument("--draft-layers", type=int, default=None,
+                   help="use the target's first K layers as the draft model (instead of --draft-model)")
     g.add_argument("--compare", action="store_true", help="also run plain generate and print the speedup")
     g.add_argument("prompt")
     g.set_defaults(func=cmd_generate)
@@ -190,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "strategy and the plain-generate baseline sample (names get a /T<t> suffix)")
     b.add_argument("--oracle-block", type=int, default=16, help="block size of the oracle drafter")
     b.add_argument("--draft-model", default=None, help="draft model (HF folder) for the 'assisted' and 'spec-jacobi' strategies")
+    b.add_argument("--draft-layers", type=int, default=None,
+                   help="use the target's first K layers as the draft model (instead of --draft-model)")
     b.add_argument("--per-category", action="store_true", help="print a table per category")
     b.add_argument("--json", default=None, help="write results as JSON")
     b.add_argument("--plots", default=None, help="write PNG plots into this folder")
@@ -213,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "draft_model", None) and getattr(args, "draft_layers", None):
+            raise CLIError("give --draft-model or --draft-layers, not both")
         return args.func(args)
     except (CLIError, ValueError, FileNotFoundError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
