@@ -390,3 +390,26 @@ def test_bench_samples_per_temperature():
     assert "sampled" in bench.format_table(summary)
     with pytest.raises(ValueError, match="Temperatures"):
         bench.parse_strategies("ar", [4], [-1])
+
+
+def test_bench_compares_the_two_sampling_rules():
+    """jetspec (recursive rejection) and jetspec-match run the same head; greedy, both equal plain greedy."""
+    from hf_jetspec import bench
+
+    model = small_pair()[0]
+    torch.manual_seed(0)
+    resources = bench.Resources(head=hf_jetspec.JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1))
+    prompt = torch.tensor([[3, 5, 7]])
+    rules = {}
+    for strategy in bench.parse_strategies("jetspec,jetspec-match", [6], [0, 1.0]):
+        if strategy.kind == "ar":
+            continue
+        kwargs = bench._generate_kwargs(strategy, resources, None, 32)
+        rules[strategy.name] = kwargs["sampling_rule"]
+    assert rules == {"jetspec@6": "rrs", "jetspec-match@6": "match", "jetspec@6/T1": "rrs",
+                     "jetspec-match@6/T1": "match"}
+    greedy = bench.parse_strategies("jetspec,jetspec-match", [6])
+    reference, *_ = bench.run_strategy(model, prompt, greedy[0], 12, resources)
+    for strategy in greedy[1:]:
+        out, *_ = bench.run_strategy(model, prompt, strategy, 12, resources, reference)
+        assert out.tolist() == reference.tolist(), strategy.name

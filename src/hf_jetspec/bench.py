@@ -33,7 +33,9 @@ from .drafters import OracleDrafter
 from .prompts import Prompt
 
 STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "spec-jacobi", "jetspec", "jetspec-chain",
-                  "jetspec-oracle")
+                  "jetspec-match", "jetspec-oracle")
+# jetspec: tree, recursive-rejection sampling (the default); jetspec-match: tree, "sample, then match" when sampling
+# (the same as jetspec when greedy); jetspec-chain: linear draft; jetspec-oracle: drafts plain greedy's own output.
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,8 @@ def _generate_kwargs(strategy: Strategy, resources: Resources, reference: torch.
     if resources.head is None:
         raise ValueError(f"The {kind!r} strategy needs a draft head")
     builder = "chain" if kind == "jetspec-chain" else "best_first"
-    return common | {"draft_head": resources.head, "tree_builder": builder}
+    rule = "match" if kind == "jetspec-match" else "rrs"
+    return common | {"draft_head": resources.head, "tree_builder": builder, "sampling_rule": rule}
 
 
 def run_strategy(model, input_ids: torch.Tensor, strategy: Strategy, max_new_tokens: int, resources: Resources,
