@@ -267,6 +267,7 @@ def main(argv=None) -> int:
         save_steps=args.save_steps,
         save_total_limit=2,
         bf16=args.bf16,
+        use_cpu=not torch.cuda.is_available(),  # also makes --bf16 mean CPU autocast on machines without CUDA
         remove_unused_columns=False,
         report_to=[],
         seed=args.seed,
