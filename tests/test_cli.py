@@ -129,11 +129,17 @@ def test_train_command(model_dir, tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out_dir = tmp_path / "head"
-    code = main(["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(out_dir),
+    args = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(out_dir),
                  "--max-steps", "3", "--batch-size", "2", "--num-anchors", "4", "--block-size", "4",
-                 "--head-layers", "1", "--eval-count", "1", "--eval-steps", "100", "--logging-steps", "1"])
-    assert code == 0
+                 "--head-layers", "1", "--eval-count", "1", "--eval-steps", "100", "--logging-steps", "1",
+                 "--save-steps", "2"]
+    assert main(args) == 0
     head = JetSpecHead.from_pretrained(out_dir)
     summary = head.config.training_summary
     assert summary["steps"] == 3 and "tau_held_out" in summary
     assert "tau" in (out_dir / "README.md").read_text()
+    # Resuming continues from the newest checkpoint (step 2) to the new step limit.
+    assert (out_dir / "checkpoint-2").is_dir()
+    assert main([*args[:args.index("--max-steps")], "--max-steps", "5", *args[args.index("--max-steps") + 2:],
+                 "--resume-from-checkpoint", "last"]) == 0
+    assert JetSpecHead.from_pretrained(out_dir).config.training_summary["steps"] == 5

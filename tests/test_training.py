@@ -10,7 +10,14 @@ from transformers import TrainingArguments
 from hf_jetspec import JetSpecHead, jetspec_generate
 from hf_jetspec.head import HeadContext
 from hf_jetspec.training.features import FeatureStore, build_feature_store, target_states
-from hf_jetspec.training.loss import depth_weights, forward_kl, jetspec_loss, sample_anchors, training_mask
+from hf_jetspec.training.loss import (
+    depth_weights,
+    forward_kl,
+    head_block_hidden,
+    jetspec_loss,
+    sample_anchors,
+    training_mask,
+)
 from hf_jetspec.training.trainer import AnchorCollator, SequenceDataset, StoreDataset, measure_tau, train_head
 
 
@@ -76,6 +83,36 @@ def test_anchor_slot_and_out_of_range_slots_get_no_loss():
     assert depth_weights(5, None).tolist() == [0, 1, 1, 1, 1]
     decay = depth_weights(5, 2.0)
     assert decay[0] == 0 and decay[1] == 1 and torch.all(decay[2:] < decay[1:-1])
+
+
+def test_anchor_chunks_and_slot_sampling_keep_the_objective():
+    target = make_target("qwen3", seed=4)
+    torch.manual_seed(5)
+    head = JetSpecHead.for_target(target, block_size=5, num_hidden_layers=1)
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(6))
+    lengths = torch.tensor([16, 11])
+    features, final = target_states(target, ids, None, head.config.target_layer_ids)
+    teacher_logits = lm_head(final)
+
+    def loss(**kw):
+        return jetspec_loss(head, features, ids, lengths, torch.tensor([[1, 5, 9, 12], [2, 4, 7, -1]]),
+                            lambda b, p: teacher_logits[b, p], embed, lm_head, **kw).detach()
+
+    weighted = loss(decay=1.0)
+    # Anchors run in chunks only to bound memory: the head's block states do not depend on the chunking.
+    anchors = torch.tensor([[1, 5, 9, 12], [2, 4, 7, -1]])
+    whole = head_block_hidden(head, features, ids, anchors, embed)
+    assert torch.allclose(head_block_hidden(head, features, ids, anchors, embed, anchor_chunk=1), whole, atol=1e-5)
+    # Slot sampling: unbiased for the weighted objective (up to the ratio estimator's small bias) ...
+    gen = torch.Generator().manual_seed(7)
+    sampled = torch.stack([loss(decay=1.0, sample_slots=True, generator=gen) for _ in range(400)])
+    uniform = loss()
+    assert abs(weighted - uniform) > 0.01  # the decay really changes the objective here
+    assert abs(sampled.mean() - weighted) < 0.25 * abs(weighted - uniform)
+    assert sampled.std() > 0  # ... and really random
+    # With uniform weights every slot is kept: identical to the weighted loss.
+    assert torch.allclose(loss(sample_slots=True, generator=gen), uniform, atol=1e-6)
 
 
 def test_training_mask_by_rules():

@@ -86,36 +86,51 @@ def logits_projection(lm_head, dtype: torch.dtype | None = None):
 
 
 def head_block_hidden(head, features: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
-                      embed_tokens) -> torch.Tensor:
+                      embed_tokens, anchor_chunk: int = 16) -> torch.Tensor:
     """Run the head on every anchor's block: features ``[b, T, F]``, ids ``[b, T]``, anchors ``[b, m]`` ->
-    final hidden states ``[b, m, B, H]``."""
+    final hidden states ``[b, m, B, H]``.
+
+    The fused context and its keys/values are computed once; the blocks run ``anchor_chunk`` anchors at a time
+    (blocks never see each other, so this only bounds the dense ``[q, T + q]`` attention scores)."""
     b, seq_len = input_ids.shape
     block_size = head.config.block_size
-    m = anchors.shape[1]
     fused = head.fuse(features)
     ctx_kv = head.context_kv(fused, torch.arange(seq_len, device=input_ids.device)[None].expand(b, -1))
-    positions = block_positions(anchors, block_size).clamp(min=0)
-    tokens = torch.full((b, m, block_size), head.config.mask_token_id, dtype=torch.long, device=input_ids.device)
-    tokens[..., 0] = input_ids.gather(1, anchors.clamp(min=0))
-    mask = training_mask(anchors, seq_len, block_size, head.config.causal)
-    hidden = head.decode_block(embed_tokens(tokens.view(b, -1)), positions.view(b, -1), ctx_kv, mask)
-    return hidden.view(b, m, block_size, -1)
+    out = []
+    for part in anchors.split(anchor_chunk, dim=1):
+        m = part.shape[1]
+        positions = block_positions(part, block_size).clamp(min=0)
+        tokens = torch.full((b, m, block_size), head.config.mask_token_id, dtype=torch.long, device=input_ids.device)
+        tokens[..., 0] = input_ids.gather(1, part.clamp(min=0))
+        mask = training_mask(part, seq_len, block_size, head.config.causal)
+        hidden = head.decode_block(embed_tokens(tokens.view(b, -1)), positions.view(b, -1), ctx_kv, mask)
+        out.append(hidden.view(b, m, block_size, -1))
+    return torch.cat(out, dim=1)
 
 
 def jetspec_loss(head, features, input_ids, lengths, anchors, teacher_logits_fn, embed_tokens, lm_head,
                  temperature: float = 1.0, decay: float | None = None, chunk: int = 256,
-                 logits_dtype: torch.dtype | None = None) -> torch.Tensor:
+                 logits_dtype: torch.dtype | None = None, sample_slots: bool = False,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
     """Mean weighted forward KL over supervised block slots.
 
     ``teacher_logits_fn(batch_index [N], position [N]) -> [N, V]`` gives the target's logits at the given
     positions (computed or looked up by the caller). Supervised slot (j, k): anchor valid, k >= 1, a_j + k < length.
     ``chunk`` bounds how many [N, V] rows are materialised at once; ``logits_dtype``: see `logits_projection`.
+
+    ``sample_slots``: instead of weighting every slot by its depth weight w_k, keep slot (j, k) with probability
+    w_k / max(w) (``generator``) and weight the kept ones equally: the same objective in expectation, but the
+    LM-head projection and softmax (the bulk of the cost) run only for the kept slots, so with a depth decay many
+    more anchors fit the same compute.
     """
     block_size = head.config.block_size
     hidden = head_block_hidden(head, features, input_ids, anchors, embed_tokens)
     pos = block_positions(anchors, block_size)
     weights = depth_weights(block_size, decay, device=input_ids.device)[None, None].expand_as(pos)
     valid = (anchors[..., None] >= 0) & (pos < lengths[:, None, None]) & (weights > 0)
+    if sample_slots:
+        keep = torch.rand(pos.shape, generator=generator, device="cpu").to(pos.device) < weights / weights.max()
+        valid, weights = valid & keep, torch.ones_like(weights)
     rows = valid.nonzero(as_tuple=True)
     if rows[0].numel() == 0:
         return hidden.sum() * 0.0

@@ -89,9 +89,11 @@ class JetSpecTrainer(Trainer):
     Its ``eval_dataset`` is a list of held-out prompts (token id lists), evaluated by decoding."""
 
     def __init__(self, *args, target, kd_temperature: float = 1.0, depth_decay: float | None = None,
-                 eval_max_new_tokens: int = 64, logits_dtype: torch.dtype | None = None, **kwargs) -> None:
+                 eval_max_new_tokens: int = 64, logits_dtype: torch.dtype | None = None,
+                 sample_slots: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.logits_dtype = logits_dtype
+        self.sample_slots = sample_slots
         self.target = target.eval().requires_grad_(False)
         self.kd_temperature = kd_temperature
         self.depth_decay = depth_decay
@@ -115,7 +117,7 @@ class JetSpecTrainer(Trainer):
 
         loss = jetspec_loss(head, features, inputs["input_ids"], inputs["lengths"], inputs["anchors"], teacher,
                             self.target.get_input_embeddings(), lm_head, self.kd_temperature, self.depth_decay,
-                            logits_dtype=self.logits_dtype)
+                            logits_dtype=self.logits_dtype, sample_slots=self.sample_slots)
         return (loss, {}) if return_outputs else loss
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
@@ -169,7 +171,8 @@ def split_held_out(rows: list[dict], eval_count: int, seed: int = 0) -> tuple[li
 
 def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments, *, num_anchors: int = 16,
                kd_temperature: float = 1.0, depth_decay: float | None = None, eval_prompts=None,
-               eval_max_new_tokens: int = 64, seed: int = 0, logits_dtype: torch.dtype | None = None) -> JetSpecTrainer:
+               eval_max_new_tokens: int = 64, seed: int = 0, logits_dtype: torch.dtype | None = None,
+               sample_slots: bool = False, resume_from_checkpoint: str | bool | None = None) -> JetSpecTrainer:
     """Train ``head`` on ``train_dataset`` (SequenceDataset or StoreDataset); returns the finished trainer."""
     trainer = JetSpecTrainer(
         model=head,
@@ -182,8 +185,9 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
         depth_decay=depth_decay,
         eval_max_new_tokens=eval_max_new_tokens,
         logits_dtype=logits_dtype,
+        sample_slots=sample_slots,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     return trainer
 
 
@@ -197,6 +201,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="target folder / Hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--init-head", default=None, help="start from this head instead of a fresh one")
+    p.add_argument("--resume-from-checkpoint", default=None,
+                   help="a Trainer checkpoint folder to resume (head, optimizer, scheduler, step); 'last' = the "
+                        "newest checkpoint in --output-dir")
     p.add_argument("--head-layers", type=int, default=2)
     p.add_argument("--taps", type=int, default=3)
     p.add_argument("--block-size", type=int, default=16)
@@ -204,6 +211,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=1024)
     p.add_argument("--kd-temperature", type=float, default=1.0)
     p.add_argument("--depth-decay", type=float, default=None, help="exponential depth-weight decay (default uniform)")
+    p.add_argument("--sample-slots", action="store_true",
+                   help="with --depth-decay: supervise slot k with probability w_k instead of weighting it by w_k "
+                        "(same objective in expectation, far less LM-head work per anchor: use more --num-anchors)")
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--max-steps", type=int, default=-1)
     p.add_argument("--lr", type=float, default=6e-4)
@@ -282,7 +292,10 @@ def main(argv=None) -> int:
     trainer = train_head(target, head, dataset, training_args, num_anchors=args.num_anchors,
                          kd_temperature=args.kd_temperature, depth_decay=args.depth_decay,
                          eval_prompts=eval_prompts,
-                         logits_dtype=getattr(torch, args.logits_dtype) if args.logits_dtype else None)
+                         logits_dtype=getattr(torch, args.logits_dtype) if args.logits_dtype else None,
+                         sample_slots=args.sample_slots,
+                         resume_from_checkpoint=True if args.resume_from_checkpoint == "last"
+                         else args.resume_from_checkpoint)
     tau = measure_tau(target, head, eval_prompts, 128)
     head.config.base_model = args.base_model or (SMOLLM2_HUB_ID if args.model is None else args.model)
     head.config.training_summary = {
@@ -290,11 +303,12 @@ def main(argv=None) -> int:
         "data": args.data_description,
         "sequences": len(dataset),
         "steps": trainer.state.global_step,
-        "epochs": args.epochs,
+        "epochs": round(trainer.state.epoch or 0.0, 3),
         "learning_rate": args.lr,
         "anchors_per_sequence": args.num_anchors,
         "loss": "forward KL(target || head), uniform depth weights" if args.depth_decay is None
-        else f"forward KL(target || head), depth decay {args.depth_decay}",
+        else f"forward KL(target || head), depth decay {args.depth_decay}"
+        + (" (slots sampled with probability w_k)" if args.sample_slots else ""),
         "tau_held_out": round(tau, 3),
     }
     trainer.save_model(args.output_dir)

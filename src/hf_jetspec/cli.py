@@ -88,6 +88,9 @@ def cmd_generate(args) -> int:
         kwargs |= dict(custom_generate=speculative_jacobi_generate, draft_model=draft, return_dict_in_generate=True)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     stream_key = "streamer" if args.strategy == "ar" else "token_streamer"
+    if args.compare:  # warm both paths up first, so neither timing pays for first-call setup
+        model.generate(ids, **(kwargs | {"max_new_tokens": 4}))
+        model.generate(ids, do_sample=False, max_new_tokens=4)
     start = time.perf_counter()
     out = model.generate(ids, **kwargs, **{stream_key: streamer})
     seconds = time.perf_counter() - start
