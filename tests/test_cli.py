@@ -52,12 +52,14 @@ def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
     out_json, plots = tmp_path / "bench.json", tmp_path / "plots"
     code = main(["bench", "--model", str(model_dir / "model"), "--head", str(model_dir / "head"),
                  "--prompts", str(prompts_file), "--field", "q", "--category-field", "cat", "--limit", "1",
-                 "--max-new-tokens", "10", "--strategies", "ar,jetspec,jetspec-oracle,prompt-lookup,jacobi",
+                 "--max-new-tokens", "10",
+                 "--strategies", "ar,jetspec,jetspec-oracle,prompt-lookup,jacobi,jacobi-pad,jacobi-pool",
                  "--budgets", "4,8", "--json", str(out_json), "--plots", str(plots)])
     assert code == 0, capsys.readouterr().err
     payload = json.loads(out_json.read_text())
     assert set(payload["per_category"]) == {"greet", "math"}
-    for name in ("ar", "jetspec@4", "jetspec@8", "jetspec-oracle@4", "prompt-lookup", "jacobi"):
+    for name in ("ar", "jetspec@4", "jetspec@8", "jetspec-oracle@4", "prompt-lookup", "jacobi", "jacobi-pad",
+                 "jacobi-pool"):
         stats = payload["strategies"][name]
         assert {"tau", "tokens_per_s", "speedup", "matches_greedy"} <= set(stats)
         assert stats["matches_greedy"] is True

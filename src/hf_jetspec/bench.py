@@ -32,8 +32,10 @@ from .decoding.spec_jacobi import speculative_jacobi_generate
 from .drafters import OracleDrafter
 from .prompts import Prompt
 
-STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "spec-jacobi", "jetspec", "jetspec-chain",
-                  "jetspec-match", "jetspec-oracle")
+STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "jacobi-pad", "jacobi-pool", "spec-jacobi", "jetspec",
+                  "jetspec-chain", "jetspec-match", "jetspec-oracle")
+# jacobi: n-gram-lookup initialisation (the default); jacobi-pad: the textbook pad initialisation; jacobi-pool: plus
+# a Lookahead-style n-gram pool verified in the same forward.
 # jetspec: tree, recursive-rejection sampling (the default); jetspec-match: tree, "sample, then match" when sampling
 # (the same as jetspec when greedy); jetspec-chain: linear draft; jetspec-oracle: drafts plain greedy's own output.
 
@@ -87,6 +89,7 @@ class Resources:
     draft_model: object | None = None
     block_size: int = 16
     prompt_lookup_tokens: int = 10
+    jacobi_pool: int = 8  # pool n-grams verified per forward by 'jacobi-pool'
 
 
 @dataclass
@@ -131,8 +134,9 @@ def _generate_kwargs(strategy: Strategy, resources: Resources, reference: torch.
         if resources.draft_model is None:
             raise ValueError("The 'assisted' strategy needs --draft-model")
         return {"assistant_model": resources.draft_model}
-    if kind == "jacobi":
-        return {"custom_generate": jacobi_generate, "return_dict_in_generate": True}
+    if kind.startswith("jacobi"):
+        options = {"jacobi-pad": {"init": "pad"}, "jacobi-pool": {"ngram_pool": resources.jacobi_pool}}.get(kind, {})
+        return {"custom_generate": jacobi_generate, "return_dict_in_generate": True} | options
     if kind == "spec-jacobi":
         if resources.draft_model is None:
             raise ValueError("The 'spec-jacobi' strategy needs --draft-model")

@@ -1,0 +1,52 @@
+"""Render `hf-jetspec bench --json` files as the Markdown tables of docs/results.md.
+
+    python docs/results_tables.py results/mtbench.json [more.json ...]   # prints Markdown to stdout
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def strategy_table(strategies: dict[str, dict]) -> str:
+    lines = ["| strategy | tau | tokens/s | speedup (median) | speedup (mean) | target fwd/token | loop overhead | "
+             "output |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, s in strategies.items():
+        same = {None: "sampled", True: "= greedy"}.get(s["matches_greedy"], f"DIFFERS ({s['mismatched_prompts']})")
+        overhead = None if s["loop_overhead_share"] is None else 100 * s["loop_overhead_share"]
+        lines.append(f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {_num(s['speedup'], '.2f')}x | "
+                     f"{_num(s['speedup_mean'], '.2f')}x | {s['target_forwards_per_token']:.3f} | "
+                     f"{_num(overhead, '.1f')}% | {same} |")
+    return "\n".join(lines)
+
+
+def category_table(per_category: dict[str, dict[str, dict]], strategies: list[str]) -> str:
+    lines = ["| category | " + " | ".join(f"{s} tau / speedup" for s in strategies) + " |",
+             "|---|" + "---:|" * len(strategies)]
+    for category, summary in per_category.items():
+        cells = [f"{summary[s]['tau']:.2f} / {_num(summary[s]['speedup'], '.2f')}x" if s in summary else "-"
+                 for s in strategies]
+        lines.append(f"| {category} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(payload: dict) -> str:
+    m, st = payload["machine"], payload["settings"]
+    out = [f"Machine: {m['processor']}, {m['cpu_threads']} threads, {m['device']}, {m['dtype']}; torch {m['torch']}, "
+           f"transformers {m['transformers']}. Settings: {json.dumps(st)}", "", strategy_table(payload["strategies"])]
+    names = [n for n in payload["strategies"] if not n.startswith("ar")]
+    if len(payload["per_category"]) > 1 and names:
+        out += ["", category_table(payload["per_category"], names)]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        print(f"<!-- {path} -->")
+        print(render(json.load(open(path))))
+        print()
