@@ -134,12 +134,13 @@ def test_train_command(model_dir, tmp_path, capsys):
     args = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(out_dir),
                  "--max-steps", "3", "--batch-size", "2", "--num-anchors", "4", "--block-size", "4",
                  "--head-layers", "1", "--eval-count", "1", "--eval-steps", "100", "--logging-steps", "1",
-                 "--save-steps", "2"]
+                 "--save-steps", "2", "--draft-vocab", "64"]
     assert main(args) == 0
     head = JetSpecHead.from_pretrained(out_dir)
     summary = head.config.training_summary
     assert summary["steps"] == 3 and "tau_held_out" in summary
     assert "tau" in (out_dir / "README.md").read_text()
+    assert len(head.config.draft_vocab) == 64 and "draft_vocab" in summary
     # Resuming continues from the newest checkpoint (step 2) to the new step limit.
     assert (out_dir / "checkpoint-2").is_dir()
     assert main([*args[:args.index("--max-steps")], "--max-steps", "5", *args[args.index("--max-steps") + 2:],

@@ -227,3 +227,35 @@ def test_incremental_context_equals_full_context():
     for chunk in features.split([4, 1, 4]):
         out = head.draft(ctx, chunk, 11, embed, lm_head)
     assert torch.allclose(full, out, atol=1e-5)
+
+
+def test_draft_vocabulary(tmp_path, family):
+    """A head with a draft vocabulary projects onto those tokens only (its logits there equal the full
+    projection's, -inf elsewhere), greedy outputs stay identical to plain generate, it survives save/load, and
+    malformed vocabularies are refused."""
+    from hf_jetspec.drafters import DraftVocabProjection
+
+    model = make_target(family, seed=5)
+    ids = sorted(torch.randperm(128, generator=torch.Generator().manual_seed(1))[:64].tolist())
+    torch.manual_seed(0)
+    head = JetSpecHead.for_target(model, num_hidden_layers=1, block_size=6, draft_vocab=ids)
+    features = torch.randn(7, len(head.config.target_layer_ids) * model.config.hidden_size)
+    embed, lm_head = model.get_input_embeddings(), model.get_output_embeddings()
+    full = head.draft(HeadContext(), features, 5, embed, lm_head)
+    restricted = head.draft(HeadContext(), features, 5, embed, DraftVocabProjection(lm_head, ids))
+    inside = torch.zeros(128, dtype=torch.bool)
+    inside[ids] = True
+    assert torch.allclose(restricted[:, inside], full[:, inside], atol=1e-5)
+    assert torch.isneginf(restricted[:, ~inside]).all()
+    gen = torch.Generator().manual_seed(2)
+    for length, budget, new in [(1, 8, 30), (4, 32, 25), (9, 64, 40), (3, 1, 12)]:
+        prompt = torch.randint(3, 128, (1, length), generator=gen)
+        assert_same_tokens(greedy_reference(model, prompt, max_new_tokens=new),
+                           jetspec(model, prompt, draft_head=head, tree_budget=budget, max_new_tokens=new),
+                           f"length={length} budget={budget}")
+    head.save_pretrained(tmp_path)
+    assert JetSpecHead.from_pretrained(tmp_path).config.draft_vocab == ids
+    assert "64 most frequent tokens" in (tmp_path / "README.md").read_text()
+    for bad in ([1, 2, 3], list(range(60)) + [500] * 4, [7] * 64):
+        with pytest.raises(ValueError, match="draft_vocab"):
+            JetSpecConfig(draft_vocab=bad, vocab_size=100)

@@ -6,8 +6,9 @@ seeded reproducibility (JetSpec, Jacobi, speculative Jacobi) and the num_return_
 Each continuation is one real loop call (prefill, drafting, tree verification, cache compaction, the walk). To make
 20k calls affordable the loop is called directly with the arguments ``generate()`` would hand it (captured once per
 setting), on a 1-layer, hidden-16, vocabulary-8 target; still, one 20k cell takes ~100 s on one core. The default
-run checks two recursive-rejection cells with chi-squared (T 0.7 + top-k 3 with a calibrated-ish draft, also compared
-with 20k samples of plain ``generate``; T 1.0 with an adversarial draft), and "sample, then match" draw for draw
+run checks three recursive-rejection cells with chi-squared (T 0.7 + top-k 3 with a calibrated-ish draft, also
+compared with 20k samples of plain ``generate``; T 1.0 with an adversarial draft; T 0.7 with a draft that gives the
+target's likeliest tokens zero mass, as a draft vocabulary can), and "sample, then match" draw for draw
 against plain ``generate`` for every setting (with the same random stream it returns the same tokens).
 ``HF_JETSPEC_FULL_SAMPLING=1`` runs the whole settings x modes matrix with chi-squared (~35 min).
 
@@ -42,13 +43,16 @@ VOCAB, PROMPT, MAX_NEW, SAMPLES, SEED = 8, torch.tensor([[3, 5, 3]]), 4, 20_000,
 TREE = dict(tree_budget=8, tree_width=3)  # depth <= 2 with 4 new tokens: a root, 3 children, 4 grandchildren
 FULL = os.environ.get("HF_JETSPEC_FULL_SAMPLING", "") not in ("", "0")
 
-# Settings: generate() sampling arguments, and whether the drafter ranks the target's least likely tokens first.
+# Settings: generate() sampling arguments, and the drafter: "calibrated" (noisy target logits), "adversarial" (ranks
+# the target's least likely tokens first) or "blocked" (no mass at all on the target's two likeliest tokens, as a
+# draft vocabulary that lacks them).
 SETTINGS = {
-    "T0.7": (dict(temperature=0.7, top_k=0), False),
-    "T1.0": (dict(temperature=1.0, top_k=0), False),
-    "top_k": (dict(temperature=0.7, top_k=3), False),
-    "top_p": (dict(temperature=1.0, top_k=0, top_p=0.8), False),
-    "adversarial": (dict(temperature=1.0, top_k=0), True),
+    "T0.7": (dict(temperature=0.7, top_k=0), "calibrated"),
+    "T1.0": (dict(temperature=1.0, top_k=0), "calibrated"),
+    "top_k": (dict(temperature=0.7, top_k=3), "calibrated"),
+    "top_p": (dict(temperature=1.0, top_k=0, top_p=0.8), "calibrated"),
+    "adversarial": (dict(temperature=1.0, top_k=0), "adversarial"),
+    "draft_vocab": (dict(temperature=0.7, top_k=0), "blocked"),
 }
 MODES = {
     "tree": dict(tree_builder="best_first", sampling_rule="match"),
@@ -59,7 +63,7 @@ MODES = {
 # Run by default (~100 s each on one core): two recursive-rejection cells. "match" draws exactly what plain
 # sampling draws with the same random stream, which `test_match_is_plain_sampling_draw_for_draw` checks for every
 # setting.
-DEFAULT_CELLS = {("top_k", "rrs"), ("adversarial", "rrs")}
+DEFAULT_CELLS = {("top_k", "rrs"), ("adversarial", "rrs"), ("draft_vocab", "rrs")}
 CELLS = [pytest.param(s, m, marks=() if FULL or (s, m) in DEFAULT_CELLS else pytest.mark.skip(
     reason="HF_JETSPEC_FULL_SAMPLING=1 runs the whole settings x modes matrix")) for s in SETTINGS for m in MODES]
 
@@ -76,7 +80,7 @@ class TableDrafter:
 
     block_size, layer_ids = 4, []
 
-    def __init__(self, lm, adversarial: bool = False, noise: float = 1.0, seed: int = 0) -> None:
+    def __init__(self, lm, adversarial: bool = False, noise: float = 1.0, seed: int = 0, blocked: int = 0) -> None:
         ids, logits = enumerate_logits(lm, PROMPT, VOCAB, MAX_NEW - 1)
         gen = torch.Generator().manual_seed(seed)
         self.table = {}
@@ -84,7 +88,9 @@ class TableDrafter:
             for length in range(MAX_NEW):
                 key = tuple(ids[row, PROMPT.shape[1] : PROMPT.shape[1] + length].tolist())
                 if key not in self.table:
-                    raw = -2 * logits[row, length] if adversarial else logits[row, length]
+                    raw = -2 * logits[row, length] if adversarial else logits[row, length].clone()
+                    if blocked:
+                        raw[logits[row, length].topk(blocked).indices] = float("-inf")
                     self.table[key] = raw + noise * torch.randn(VOCAB, generator=gen)
         self.greedy = {key: int(logits.argmax()) for key, logits in self.table.items()}
 
@@ -141,18 +147,20 @@ def exact(setting: str) -> torch.Tensor:
 
 
 @functools.cache
-def drafter(adversarial: bool) -> TableDrafter:
-    return TableDrafter(target(), adversarial=adversarial, noise=0.0 if adversarial else 1.0)
+def drafter(kind: str) -> TableDrafter:
+    adversarial = kind == "adversarial"
+    return TableDrafter(target(), adversarial=adversarial, noise=0.0 if adversarial else 1.0,
+                        blocked=2 if kind == "blocked" else 0)
 
 
 def draw(setting: str, mode: str, count: int = SAMPLES, seed: int = SEED) -> torch.Tensor:
     """``count`` continuations ``[count, MAX_NEW]``, one real loop call each, seeded."""
-    settings, adversarial = SETTINGS[setting]
+    settings, kind = SETTINGS[setting]
     args, model, gen = loop_arguments(target(), **settings), target(), torch.Generator().manual_seed(seed)
     out = torch.empty(count, MAX_NEW, dtype=torch.long)
     with torch.inference_mode():
         for i in range(count):
-            out[i] = args.call(model, drafter=drafter(adversarial), generator=gen, **TREE, **MODES[mode])[0, -MAX_NEW:]
+            out[i] = args.call(model, drafter=drafter(kind), generator=gen, **TREE, **MODES[mode])[0, -MAX_NEW:]
     return out
 
 
@@ -182,9 +190,9 @@ def test_loop_samples_the_target_distribution(setting, mode):
 def test_match_is_plain_sampling_draw_for_draw(setting, mode):
     """"Sample, then match" makes one draw per emitted token from the same processed distribution, in order: with
     the same global seed it returns plain ``generate(do_sample=True)``'s tokens, whatever the draft."""
-    settings, adversarial = SETTINGS[setting]
+    settings, kind = SETTINGS[setting]
     kwargs = dict(do_sample=True, max_new_tokens=MAX_NEW, **settings)
-    model, draft = target(), drafter(adversarial)  # built (and seeded) before the seeds below
+    model, draft = target(), drafter(kind)  # built (and seeded) before the seeds below
     for seed in range(20):
         torch.manual_seed(seed)
         plain = model.generate(PROMPT, **kwargs)

@@ -220,3 +220,17 @@ def test_peft_lora_target(tmp_path):
     out = model.generate(input_ids=prompt, do_sample=False, max_new_tokens=30, custom_generate=jetspec_generate,
                          draft_head=head)
     assert_same_tokens(reference, out)
+
+
+def test_frequent_tokens_rank_response_tokens():
+    from hf_jetspec.training.vocab import coverage, frequent_tokens
+
+    rows = [{"input_ids": [90, 91, 5, 5, 5, 6, 6, 7], "prompt_len": 2},  # prompt tokens 90, 91 are not counted
+            {"input_ids": [92, 6, 8, 8, 8, 8], "prompt_len": 1}]
+    # counts: 8 x4, 5 x3, 6 x3, 7 x1; ties by id; "always" ids (eos) first; filled up to 64 from unseen ids
+    vocab = frequent_tokens(rows, 64, always=[2], vocab_size=100)
+    assert len(vocab) == 64 and {2, 5, 6, 7, 8} <= set(vocab) and 90 not in vocab and vocab == sorted(vocab)
+    assert frequent_tokens(rows, 64, always=[2]) == [2, 5, 6, 7, 8]  # no vocab size: only what occurs
+    assert coverage(rows, [5, 6, 8]) == 10 / 11
+    with pytest.raises(ValueError, match="draft vocabulary size"):
+        frequent_tokens(rows, 3)

@@ -25,6 +25,7 @@ from hf_jetspec.prompts import is_held_out
 
 from .features import FeatureStore, read_jsonl, target_states
 from .loss import jetspec_loss, logits_projection, sample_anchors
+from .vocab import frequent_tokens
 
 
 class SequenceDataset(Dataset):
@@ -214,6 +215,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sample-slots", action="store_true",
                    help="with --depth-decay: supervise slot k with probability w_k instead of weighting it by w_k "
                         "(same objective in expectation, far less LM-head work per anchor: use more --num-anchors)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="give the trained head a draft vocabulary: the N most frequent response tokens (plus eos)")
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--max-steps", type=int, default=-1)
     p.add_argument("--lr", type=float, default=6e-4)
@@ -296,6 +299,11 @@ def main(argv=None) -> int:
                          sample_slots=args.sample_slots,
                          resume_from_checkpoint=True if args.resume_from_checkpoint == "last"
                          else args.resume_from_checkpoint)
+    if args.draft_vocab:
+        eos = target.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        head.config.draft_vocab = frequent_tokens(train_rows, args.draft_vocab, eos, head.config.vocab_size)
+        head.config.validate_head()
     tau = measure_tau(target, head, eval_prompts, 128)
     head.config.base_model = args.base_model or (SMOLLM2_HUB_ID if args.model is None else args.model)
     head.config.training_summary = {
@@ -310,6 +318,8 @@ def main(argv=None) -> int:
         else f"forward KL(target || head), depth decay {args.depth_decay}"
         + (" (slots sampled with probability w_k)" if args.sample_slots else ""),
         "tau_held_out": round(tau, 3),
+        **({"draft_vocab": f"{len(head.config.draft_vocab)} most frequent response tokens"}
+           if args.draft_vocab else {}),
     }
     trainer.save_model(args.output_dir)
     (Path(args.output_dir) / "train_summary.json").write_text(json.dumps(head.config.training_summary, indent=2))

@@ -35,6 +35,8 @@ class HeadDrafter:
         self.head = head.eval()
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
+        if head.config.draft_vocab is not None:
+            self.lm_head = DraftVocabProjection(self.lm_head, head.config.draft_vocab)
         self.block_size = head.config.block_size
         self.layer_ids = list(head.config.target_layer_ids)
         self.context = HeadContext()
@@ -49,6 +51,25 @@ class HeadDrafter:
                 f"{ids.shape[1] - 1} committed positions"
             )
         return self.head.draft(self.context, new_features, int(ids[0, -1]), self.embed, self.lm_head)
+
+
+class DraftVocabProjection:
+    """The target's LM head restricted to a draft vocabulary: hidden ``[n, H]`` -> logits ``[n, V]``, ``-inf``
+    outside the ``ids`` (so the draft distribution is renormalised over them). The rows of the LM-head weight are
+    gathered once per decoding call; a round then reads ``len(ids) / V`` of the weight."""
+
+    def __init__(self, lm_head: torch.nn.Module, ids: list[int]) -> None:
+        weight = lm_head.weight.detach()
+        self.ids = torch.tensor(ids, dtype=torch.long, device=weight.device)
+        self.weight = weight.index_select(0, self.ids)
+        bias = getattr(lm_head, "bias", None)
+        self.bias = None if bias is None else bias.detach().index_select(0, self.ids)
+        self.vocab_size = weight.shape[0]
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        sub = torch.nn.functional.linear(hidden, self.weight, self.bias)
+        out = sub.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.ids, sub)
 
 
 class OracleDrafter:

@@ -45,6 +45,7 @@ out = model.generate(**inputs, assistant_model=head, max_new_tokens=256)
 | tapped target layers | {taps} |
 | mask token id | {mask} |
 | default tree budget / width | {budget} / {width} |
+| draft vocabulary | {draft_vocab} |
 
 ## Training
 {training}
@@ -84,6 +85,8 @@ def model_card(config: JetSpecConfig) -> ModelCard:
         mask=config.mask_token_id,
         budget=config.tree_budget,
         width=config.tree_width,
+        draft_vocab="the whole target vocabulary" if config.draft_vocab is None
+        else f"{len(config.draft_vocab)} most frequent tokens (of {config.vocab_size})",
         training=_training_section(config.training_summary),
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")

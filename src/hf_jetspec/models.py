@@ -140,7 +140,8 @@ SHIPPED_HEADS = Path(__file__).parent / "assets" / "heads"
 
 def default_head(model: PreTrainedModel | None = None):
     """The trained head shipped with the package for the default model (SmolLM2-135M-Instruct), or None when none
-    ships (or, given ``model``, none fits it)."""
+    ships (or, given ``model``, none fits it). Stored in bfloat16; given ``model`` it is moved to the model's dtype
+    and device (CPUs without bf16 matmuls run a bf16 head slowly)."""
     from .head import JetSpecHead
 
     folder = SHIPPED_HEADS / "smollm2-135m-instruct"
@@ -152,6 +153,8 @@ def default_head(model: PreTrainedModel | None = None):
             head.check_target(model)
         except ValueError:
             return None
+        param = next(model.parameters())
+        head = head.to(device=param.device, dtype=param.dtype)
     return head
 
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Reproduces every table in docs/results.md: `bash docs/benchmarks.sh` after `make setup` (2-core CPU: ~40 min).
+# Each command runs its strategies in one process, interleaved per prompt, after a warm-up; JSON -> docs/results/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BENCH=".venv/bin/hf-jetspec bench --prompts mt-bench --max-new-tokens 128"
+OUT=docs/results
+mkdir -p "$OUT"
+# 1. The shipped head on MT-Bench first turns (2 per category), greedy, tree budgets 4-64, beside the oracle bound.
+$BENCH --limit 2 --strategies ar,jetspec,jetspec-oracle --budgets 4,8,16,32,64 --per-category \
+    --json $OUT/mtbench.json --plots docs/figures/mtbench
+# 2. AR vs Jacobi vs speculative Jacobi vs JetSpec (and HF's prompt lookup / assisted generation), one prompt per
+#    category; the draft for spec-jacobi / assisted is SmolLM2's own first 6 layers.
+$BENCH --limit 1 --strategies ar,prompt-lookup,assisted,jacobi,jacobi-pad,jacobi-pool,spec-jacobi,jetspec \
+    --draft-layers 6 --budgets 8 --json $OUT/methods.json
+# 3. Sampling beside greedy: T = 0, 0.7, 1; the two tree sampling rules.
+$BENCH --limit 1 --strategies ar,jetspec,jetspec-match --budgets 8 --temperatures 0,0.7,1 --json $OUT/sampling.json
+# 4. bfloat16: speed and how far multi-token forwards drift from one-token greedy decoding.
+$BENCH --limit 1 --dtype bfloat16 --strategies ar,prompt-lookup,jetspec --budgets 8 --json $OUT/bf16.json
+python docs/results_tables.py $OUT/mtbench.json $OUT/methods.json $OUT/sampling.json $OUT/bf16.json
