@@ -14,7 +14,7 @@ $BENCH --limit 2 --strategies ar,jetspec,jetspec-oracle --budgets 4,8,16,32,64 -
 $BENCH --limit 1 --strategies ar,prompt-lookup,assisted,jacobi,jacobi-pad,jacobi-pool,spec-jacobi,jetspec \
     --draft-layers 6 --budgets 8 --json $OUT/methods.json
 # 3. Sampling beside greedy: T = 0, 0.7, 1; the two tree sampling rules.
-$BENCH --limit 1 --strategies ar,jetspec,jetspec-match --budgets 8 --temperatures 0,0.7,1 --json $OUT/sampling.json
+$BENCH --limit 1 --strategies ar,jetspec,jetspec-rrs --budgets 8 --temperatures 0,0.7,1 --json $OUT/sampling.json
 # 4. bfloat16: speed and how far multi-token forwards drift from one-token greedy decoding.
 $BENCH --limit 1 --dtype bfloat16 --strategies ar,prompt-lookup,jetspec --budgets 8 --json $OUT/bf16.json
-python docs/results_tables.py $OUT/mtbench.json $OUT/methods.json $OUT/sampling.json $OUT/bf16.json
+.venv/bin/python docs/results_tables.py $OUT/mtbench.json $OUT/methods.json $OUT/sampling.json $OUT/bf16.json

@@ -18,10 +18,10 @@ def strategy_table(strategies: dict[str, dict]) -> str:
              "output |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, s in strategies.items():
         same = {None: "sampled", True: "= greedy"}.get(s["matches_greedy"], f"DIFFERS ({s['mismatched_prompts']})")
-        overhead = None if s["loop_overhead_share"] is None else 100 * s["loop_overhead_share"]
+        overhead = "-" if s["loop_overhead_share"] is None else f"{100 * s['loop_overhead_share']:.1f}%"
         lines.append(f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {_num(s['speedup'], '.2f')}x | "
                      f"{_num(s['speedup_mean'], '.2f')}x | {s['target_forwards_per_token']:.3f} | "
-                     f"{_num(overhead, '.1f')}% | {same} |")
+                     f"{overhead} | {same} |")
     return "\n".join(lines)
 
 
@@ -37,9 +37,11 @@ def category_table(per_category: dict[str, dict[str, dict]], strategies: list[st
 
 def render(payload: dict) -> str:
     m, st = payload["machine"], payload["settings"]
-    out = [f"Machine: {m['processor']}, {m['cpu_threads']} threads, {m['device']}, {m['dtype']}; torch {m['torch']}, "
-           f"transformers {m['transformers']}. Settings: {json.dumps(st)}", "", strategy_table(payload["strategies"])]
-    names = [n for n in payload["strategies"] if not n.startswith("ar")]
+    keys = ("prompts", "limit", "max_new_tokens", "dtype", "draft_layers", "temperatures")
+    settings = ", ".join(f"{k}={st[k]}" for k in keys if st.get(k) is not None)
+    out = [f"{m['cpu_threads']} CPU threads, {m['dtype']}; torch {m['torch']}, transformers {m['transformers']}; "
+           f"{settings}", "", strategy_table(payload["strategies"])]
+    names = [n for n in payload["strategies"] if not n.startswith("ar") and "oracle" not in n]
     if len(payload["per_category"]) > 1 and names:
         out += ["", category_table(payload["per_category"], names)]
     return "\n".join(out)

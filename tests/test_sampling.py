@@ -401,7 +401,8 @@ def test_bench_samples_per_temperature():
 
 
 def test_bench_compares_the_two_sampling_rules():
-    """jetspec (recursive rejection) and jetspec-match run the same head; greedy, both equal plain greedy."""
+    """jetspec ("sample, then match", the default rule) and jetspec-rrs (recursive rejection) run the same head;
+    greedy, both equal plain greedy."""
     from hf_jetspec import bench
 
     model = small_pair()[0]
@@ -409,14 +410,14 @@ def test_bench_compares_the_two_sampling_rules():
     resources = bench.Resources(head=hf_jetspec.JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1))
     prompt = torch.tensor([[3, 5, 7]])
     rules = {}
-    for strategy in bench.parse_strategies("jetspec,jetspec-match", [6], [0, 1.0]):
+    for strategy in bench.parse_strategies("jetspec,jetspec-rrs", [6], [0, 1.0]):
         if strategy.kind == "ar":
             continue
         kwargs = bench._generate_kwargs(strategy, resources, None, 32)
         rules[strategy.name] = kwargs["sampling_rule"]
-    assert rules == {"jetspec@6": "rrs", "jetspec-match@6": "match", "jetspec@6/T1": "rrs",
-                     "jetspec-match@6/T1": "match"}
-    greedy = bench.parse_strategies("jetspec,jetspec-match", [6])
+    assert rules == {"jetspec@6": "match", "jetspec-rrs@6": "rrs", "jetspec@6/T1": "match",
+                     "jetspec-rrs@6/T1": "rrs"}
+    greedy = bench.parse_strategies("jetspec,jetspec-rrs", [6])
     reference, *_ = bench.run_strategy(model, prompt, greedy[0], 12, resources)
     for strategy in greedy[1:]:
         out, *_ = bench.run_strategy(model, prompt, strategy, 12, resources, reference)

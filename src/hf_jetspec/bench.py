@@ -33,10 +33,10 @@ from .drafters import OracleDrafter
 from .prompts import Prompt
 
 STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "jacobi-pad", "jacobi-pool", "spec-jacobi", "jetspec",
-                  "jetspec-chain", "jetspec-match", "jetspec-oracle")
+                  "jetspec-chain", "jetspec-rrs", "jetspec-oracle")
 # jacobi: n-gram-lookup initialisation (the default); jacobi-pad: the textbook pad initialisation; jacobi-pool: plus
 # a Lookahead-style n-gram pool verified in the same forward.
-# jetspec: tree, recursive-rejection sampling (the default); jetspec-match: tree, "sample, then match" when sampling
+# jetspec: tree, the default sampling rule ("sample, then match"); jetspec-rrs: tree, recursive-rejection sampling
 # (the same as jetspec when greedy); jetspec-chain: linear draft; jetspec-oracle: drafts plain greedy's own output.
 
 
@@ -148,7 +148,7 @@ def _generate_kwargs(strategy: Strategy, resources: Resources, reference: torch.
     if resources.head is None:
         raise ValueError(f"The {kind!r} strategy needs a draft head")
     builder = "chain" if kind == "jetspec-chain" else "best_first"
-    rule = "match" if kind == "jetspec-match" else "rrs"
+    rule = "rrs" if kind == "jetspec-rrs" else "match"
     return common | {"draft_head": resources.head, "tree_builder": builder, "sampling_rule": rule}
 
 

@@ -73,9 +73,10 @@ def jetspec_generate(
         tree_builder: ``"best_first"`` (tree) or ``"chain"`` (linear draft).
         tree_kernel: use the Triton tree-attention kernel (None: automatically on CUDA).
         sampling_rule: how a tree is drafted and verified when sampling (``do_sample=True``; greedy decoding
-            ignores it): ``"rrs"`` (default) draws each node's children from the processed draft distribution
-            without replacement and verifies them by recursive rejection (`hf_jetspec.sampling`); ``"match"``
-            drafts the top tokens and follows the child carrying the target's own sample. Both are exact.
+            ignores it): ``"match"`` (default) drafts the top tokens and follows the child carrying the target's own
+            sample (draw for draw what plain sampling draws); ``"rrs"`` draws each node's children from the
+            processed draft distribution without replacement and verifies them by recursive rejection
+            (`hf_jetspec.sampling`). Both are exact.
         token_streamer: a streamer receiving tokens as they are accepted (``generate()`` does not forward its own
             ``streamer=`` to ``custom_generate`` callables; the ``assistant_model`` route forwards it).
         generator: ``torch.Generator`` for reproducible sampling.
