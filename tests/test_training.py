@@ -31,17 +31,23 @@ def self_generated_rows(target, count=24, prompt_len=5, new=30, seed=0):
     return rows
 
 
-def test_loss_matches_hand_computation():
-    target = make_target("llama", seed=1)
-    torch.manual_seed(2)
-    head = JetSpecHead.for_target(target, block_size=4, num_hidden_layers=1)
+def loss_setup(family: str, seed: int, block_size: int, lengths: list[int], masked: bool):
+    """A tiny target (``seed``), a fresh 1-layer head, random ids ``[b, max(lengths)]``, and the target's features
+    and teacher logits for them (``masked``: an attention mask from ``lengths``)."""
+    target = make_target(family, seed=seed)
+    torch.manual_seed(seed + 1)
+    head = JetSpecHead.for_target(target, block_size=block_size, num_hidden_layers=1)
     embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    ids = torch.randint(3, 128, (2, 12), generator=torch.Generator().manual_seed(3))
-    lengths = torch.tensor([12, 9])
-    anchors = torch.tensor([[2, 7, 10], [4, 6, -1]])
-    mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    ids = torch.randint(3, 128, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed + 2))
+    lengths = torch.tensor(lengths)
+    mask = (torch.arange(ids.shape[1])[None] < lengths[:, None]).long() if masked else None
     features, final = target_states(target, ids, mask, head.config.target_layer_ids)
-    teacher_logits = lm_head(final)
+    return head, embed, lm_head, ids, lengths, features, lm_head(final)
+
+
+def test_loss_matches_hand_computation():
+    head, embed, lm_head, ids, lengths, features, teacher_logits = loss_setup("llama", 1, 4, [12, 9], masked=True)
+    anchors = torch.tensor([[2, 7, 10], [4, 6, -1]])
     loss = jetspec_loss(head, features, ids, lengths, anchors, lambda b, p: teacher_logits[b, p], embed, lm_head,
                         temperature=1.5)
     # By hand: the inference drafting path for every anchor, then an explicit KL sum.
@@ -86,14 +92,7 @@ def test_anchor_slot_and_out_of_range_slots_get_no_loss():
 
 
 def test_anchor_chunks_and_slot_sampling_keep_the_objective():
-    target = make_target("qwen3", seed=4)
-    torch.manual_seed(5)
-    head = JetSpecHead.for_target(target, block_size=5, num_hidden_layers=1)
-    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
-    ids = torch.randint(3, 128, (2, 16), generator=torch.Generator().manual_seed(6))
-    lengths = torch.tensor([16, 11])
-    features, final = target_states(target, ids, None, head.config.target_layer_ids)
-    teacher_logits = lm_head(final)
+    head, embed, lm_head, ids, lengths, features, teacher_logits = loss_setup("qwen3", 4, 5, [16, 11], masked=False)
 
     def loss(**kw):
         return jetspec_loss(head, features, ids, lengths, torch.tensor([[1, 5, 9, 12], [2, 4, 7, -1]]),

@@ -23,6 +23,7 @@ from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.head import JetSpecHead
 from hf_jetspec.prompts import is_held_out
 
+from .data import eos_token_ids
 from .features import FeatureStore, read_jsonl, target_states
 from .loss import jetspec_loss, logits_projection, sample_anchors
 from .vocab import frequent_tokens
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
     rows = list({r["id"]: r for r in all_rows if not is_held_out(str(r["id"]))}.values())  # dedupe across files
     train_rows, eval_prompts = split_held_out(rows, args.eval_count, args.seed)
     eval_ids = {r["id"] for r in rows} - {r["id"] for r in train_rows}
-    target, _ = load_target(args.model, args.target_dtype, None)
+    target, tokenizer = load_target(args.model, args.target_dtype, None)
     store = None
     if args.features and (Path(args.features) / "meta.json").exists():
         store = FeatureStore(args.features)  # e.g. recorded during data generation
@@ -300,9 +301,8 @@ def main(argv=None) -> int:
                          resume_from_checkpoint=True if args.resume_from_checkpoint == "last"
                          else args.resume_from_checkpoint)
     if args.draft_vocab:
-        eos = target.generation_config.eos_token_id
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        head.config.draft_vocab = frequent_tokens(train_rows, args.draft_vocab, eos, head.config.vocab_size)
+        head.config.draft_vocab = frequent_tokens(train_rows, args.draft_vocab, eos_token_ids(target, tokenizer),
+                                                  head.config.vocab_size)
         head.config.validate_head()
     tau = measure_tau(target, head, eval_prompts, 128)
     head.config.base_model = args.base_model or (SMOLLM2_HUB_ID if args.model is None else args.model)

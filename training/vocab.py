@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = [r for path in args.data for r in read_jsonl(path) if not is_held_out(str(r["id"]))]
     head = JetSpecHead.from_pretrained(args.head)
-    head.config.draft_vocab = frequent_tokens(rows, args.size, args.eos)
+    head.config.draft_vocab = frequent_tokens(rows, args.size, args.eos, head.config.vocab_size)
     head.config.validate_head()
     head.save_pretrained(args.head)
     share = coverage(rows, head.config.draft_vocab)

@@ -38,6 +38,7 @@ STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "jacobi-pad", "ja
 # a Lookahead-style n-gram pool verified in the same forward.
 # jetspec: tree, the default sampling rule ("sample, then match"); jetspec-rrs: tree, recursive-rejection sampling
 # (the same as jetspec when greedy); jetspec-chain: linear draft; jetspec-oracle: drafts plain greedy's own output.
+HEAD_KINDS = ("jetspec", "jetspec-chain", "jetspec-rrs")  # the kinds that draft with a JetSpec head
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ def cmd_bench(args) -> int:
         raise CLIError(f"No prompts in {args.prompts}")
     model, tokenizer = load_target(args.model, args.dtype, args.device)
     resources = bench.Resources(block_size=args.oracle_block)
-    if any(s.kind in ("jetspec", "jetspec-chain", "jetspec-rrs") for s in strategies):
+    if any(s.kind in bench.HEAD_KINDS for s in strategies):
         resources.head = load_head(args.head, model)
     resources.draft_model = load_draft(args, model)
     exact = args.dtype == "float32"
