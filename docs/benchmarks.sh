@@ -17,4 +17,6 @@ $BENCH --limit 1 --strategies ar,prompt-lookup,assisted,jacobi,jacobi-pad,jacobi
 $BENCH --limit 1 --strategies ar,jetspec,jetspec-rrs --budgets 8 --temperatures 0,0.7,1 --json $OUT/sampling.json
 # 4. bfloat16: speed and how far multi-token forwards drift from one-token greedy decoding.
 $BENCH --limit 1 --dtype bfloat16 --strategies ar,prompt-lookup,jetspec --budgets 8 --json $OUT/bf16.json
+# 5. What a target forward costs by tokens processed (the cost side of a tree step).
+.venv/bin/python docs/forward_cost.py
 .venv/bin/python docs/results_tables.py $OUT/mtbench.json $OUT/methods.json $OUT/sampling.json $OUT/bf16.json

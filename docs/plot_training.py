@@ -1,6 +1,8 @@
 """Plot a training run's loss and held-out tau from a Trainer checkpoint's ``trainer_state.json``.
 
-    python docs/plot_training.py runs/head/checkpoint-N/trainer_state.json docs/figures/training.png
+    python docs/plot_training.py runs/head/checkpoint-N/trainer_state.json docs/figures/training.png [STEP:LABEL ...]
+
+Each optional ``STEP:LABEL`` draws a dashed line where the recipe changed (e.g. ``3500:"depth decay 4"``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot(state_path: str, out_path: str) -> None:
+def plot(state_path: str, out_path: str, marks: list[tuple[int, str]] = ()) -> None:
     history = json.load(open(state_path))["log_history"]
     loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
     tau = [(h["step"], h["eval_tau"]) for h in history if "eval_tau" in h]
@@ -26,10 +28,15 @@ def plot(state_path: str, out_path: str) -> None:
         right = ax.twinx()
         right.plot(*zip(*tau), "o-", color="tab:red")
         right.set_ylabel("held-out tau", color="tab:red")
+    for step, label in marks:
+        ax.axvline(step, color="gray", linestyle="--", linewidth=1)
+        ax.annotate(label, (step, 0), xycoords=("data", "axes fraction"), xytext=(3, 6),
+                    textcoords="offset points", fontsize=8, color="gray")
     ax.set_title("JetSpec head for SmolLM2-135M-Instruct (CPU, 2 cores)")
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
 
 
 if __name__ == "__main__":
-    plot(sys.argv[1], sys.argv[2])
+    marks = [(int(step), label) for step, _, label in (m.partition(":") for m in sys.argv[3:])]
+    plot(sys.argv[1], sys.argv[2], marks)

@@ -1,0 +1,81 @@
+"""What one target forward costs on this machine as a function of the tokens it processes (the cost side of
+speculative decoding: a tree step verifies N nodes in one forward). Also times the draft head's round.
+
+    .venv/bin/python docs/forward_cost.py            # embedded SmolLM2-135M-Instruct, float32, prefix 200
+
+Prints milliseconds per call (median of 20 after warm-up) for: the target's LM-head matmul alone, a full target
+forward of N new tokens on top of a 200-token KV cache (with the 4D tree mask tree steps pass), and one drafting
+round of the shipped head.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from transformers import DynamicCache
+
+from hf_jetspec.cache import cache_kwarg, keep_positions
+from hf_jetspec.drafters import HeadDrafter
+from hf_jetspec.head import HeadContext
+from hf_jetspec.models import default_head, default_model
+
+PREFIX = 200
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def median_ms(fn, repeats: int = 20) -> float:
+    fn(), fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+@torch.no_grad()
+def main() -> None:
+    model, _ = default_model()
+    lm_head = model.get_output_embeddings()
+    ids = torch.randint(0, lm_head.weight.shape[0], (1, PREFIX + max(SIZES)))
+    cache = DynamicCache(config=model.config)
+    key = cache_kwarg(model)
+    model(input_ids=ids[:, :PREFIX], use_cache=True, **{key: cache})
+
+    def forward(n: int) -> None:
+        mask = torch.zeros(1, 1, n, PREFIX + n)
+        positions = torch.arange(PREFIX, PREFIX + n)[None]
+        model(input_ids=ids[:, PREFIX : PREFIX + n], position_ids=positions, attention_mask=mask, use_cache=True,
+              **{key: cache})
+        keep_positions(cache, PREFIX, [])  # drop the n new slots again
+
+    hidden = torch.randn(1, max(SIZES), model.config.hidden_size)
+    print(f"threads {torch.get_num_threads()}; SmolLM2-135M float32; KV prefix {PREFIX}")
+    print("| tokens | LM-head matmul (ms) | target forward (ms) | forward / 1-token forward |")
+    print("|---:|---:|---:|---:|")
+    base = None
+    for n in SIZES:
+        head_ms = median_ms(lambda: lm_head(hidden[:, :n]))
+        fwd_ms = median_ms(lambda: forward(n))
+        base = base or fwd_ms
+        print(f"| {n} | {head_ms:.1f} | {fwd_ms:.1f} | {fwd_ms / base:.2f} |")
+
+    head = default_head(model)
+    if head is not None:
+        drafter = HeadDrafter(head, model)
+        features = torch.randn(PREFIX, len(drafter.layer_ids) * model.config.hidden_size)
+        context = HeadContext()
+        head.draft(context, features, 5, drafter.embed, drafter.lm_head)
+        new = features[:2]
+
+        def draft() -> None:
+            head.draft(HeadContext(kv=list(context.kv)), new, 5, drafter.embed, drafter.lm_head)
+
+        print(f"shipped head, one drafting round (2 new context positions, block {head.config.block_size}): "
+              f"{median_ms(draft):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
