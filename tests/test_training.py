@@ -233,3 +233,29 @@ def test_frequent_tokens_rank_response_tokens():
     assert coverage(rows, [5, 6, 8]) == 10 / 11
     with pytest.raises(ValueError, match="draft vocabulary size"):
         frequent_tokens(rows, 3)
+
+
+def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
+    """The vocabulary CLI leaves out what the trainer leaves out: benchmark held-out conversations and the
+    --eval-count rows set aside for evaluation, so it reproduces the trainer's --draft-vocab."""
+    import json
+
+    from hf_jetspec.prompts import is_held_out
+    from hf_jetspec.training import vocab
+    from hf_jetspec.training.features import training_rows
+
+    held_out_id = next(f"c{i}" for i in range(1000) if is_held_out(f"c{i}"))
+    rows = [{"id": f"r{i}", "input_ids": [1] + [10 + i] * 3, "prompt_len": 1} for i in range(70)]  # one token each
+    rows.append({"id": held_out_id, "input_ids": [1, 5, 5, 5], "prompt_len": 1})
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    target = make_target("llama", seed=0)
+    head_dir = tmp_path / "head"
+    JetSpecHead.for_target(target, block_size=4, num_hidden_layers=1).save_pretrained(head_dir)
+    assert vocab.main(["--data", str(data), "--head", str(head_dir), "--size", "64", "--eval-count", "6"]) == 0
+    kept, _ = training_rows(rows, 6, 0)
+    saved = JetSpecHead.from_pretrained(head_dir).config.draft_vocab
+    assert saved == vocab.frequent_tokens(kept, 64, vocab_size=128)
+    assert 5 not in saved  # only the held-out conversation uses token 5
+    set_aside = {r["input_ids"][1] for r in rows[:70]} - {r["input_ids"][1] for r in kept}
+    assert len(set_aside) == 6 and not set_aside & set(saved)  # 64 kept rows fill the 64 slots: eval tokens stay out

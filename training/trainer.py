@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +20,9 @@ from transformers import Trainer, TrainingArguments
 
 from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.head import JetSpecHead
-from hf_jetspec.prompts import is_held_out
 
 from .data import eos_token_ids
-from .features import FeatureStore, read_jsonl, target_states
+from .features import FeatureStore, read_jsonl, target_states, training_rows
 from .loss import jetspec_loss, logits_projection, sample_anchors
 from .vocab import frequent_tokens
 
@@ -163,14 +161,6 @@ def _cast_copy(head: JetSpecHead, dtype: torch.dtype) -> JetSpecHead:
     return copy.eval()
 
 
-def split_held_out(rows: list[dict], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
-    """(training rows, held-out prompt token lists). Held-out prompts come from rows removed from training."""
-    rows = list(rows)
-    random.Random(seed).shuffle(rows)
-    held, train = rows[:eval_count], rows[eval_count:]
-    return train, [r["input_ids"][: r["prompt_len"]] for r in held]
-
-
 def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments, *, num_anchors: int = 16,
                kd_temperature: float = 1.0, depth_decay: float | None = None, eval_prompts=None,
                eval_max_new_tokens: int = 64, seed: int = 0, logits_dtype: torch.dtype | None = None,
@@ -249,9 +239,8 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     all_rows = [r for path in args.data for r in read_jsonl(path)]
-    rows = list({r["id"]: r for r in all_rows if not is_held_out(str(r["id"]))}.values())  # dedupe across files
-    train_rows, eval_prompts = split_held_out(rows, args.eval_count, args.seed)
-    eval_ids = {r["id"] for r in rows} - {r["id"] for r in train_rows}
+    train_rows, eval_prompts = training_rows(all_rows, args.eval_count, args.seed)
+    not_trained = {str(r["id"]) for r in all_rows} - {str(r["id"]) for r in train_rows}  # held out or eval
     target, tokenizer = load_target(args.model, args.target_dtype, None)
     store = None
     if args.features and (Path(args.features) / "meta.json").exists():
@@ -269,7 +258,7 @@ def main(argv=None) -> int:
     if store is not None:
         if store.layer_ids != head.config.target_layer_ids:
             raise ValueError(f"feature store taps {store.layer_ids} != head taps {head.config.target_layer_ids}")
-        dataset = StoreDataset(store, exclude=eval_ids | {str(r["id"]) for r in all_rows if is_held_out(str(r["id"]))})
+        dataset = StoreDataset(store, exclude=not_trained)
     else:
         dataset = SequenceDataset(train_rows, args.max_length)
     training_args = TrainingArguments(

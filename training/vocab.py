@@ -47,17 +47,19 @@ def coverage(rows: Iterable[dict], vocab: Iterable[int]) -> float:
 
 def main(argv=None) -> int:
     from hf_jetspec.head import JetSpecHead
-    from hf_jetspec.prompts import is_held_out
 
-    from .features import read_jsonl
+    from .features import read_jsonl, training_rows
 
     p = argparse.ArgumentParser(description="Give a saved head a draft vocabulary from training data")
     p.add_argument("--data", required=True, nargs="+", help="JSONL rows {id, input_ids, prompt_len}")
     p.add_argument("--head", required=True, help="head folder, updated in place")
     p.add_argument("--size", type=int, default=16384)
     p.add_argument("--eos", type=int, nargs="*", default=(), help="token ids always kept (default: none)")
+    p.add_argument("--eval-count", type=int, default=8,
+                   help="rows the trainer set aside for evaluation (as its --eval-count; excluded here too)")
+    p.add_argument("--seed", type=int, default=0, help="the trainer's --seed (which rows it set aside)")
     args = p.parse_args(argv)
-    rows = [r for path in args.data for r in read_jsonl(path) if not is_held_out(str(r["id"]))]
+    rows, _ = training_rows([r for path in args.data for r in read_jsonl(path)], args.eval_count, args.seed)
     head = JetSpecHead.from_pretrained(args.head)
     head.config.draft_vocab = frequent_tokens(rows, args.size, args.eos, head.config.vocab_size)
     head.config.validate_head()
