@@ -66,12 +66,12 @@ def main() -> None:
     if head is not None:
         drafter = HeadDrafter(head, model)
         features = torch.randn(PREFIX, len(drafter.layer_ids) * model.config.hidden_size)
-        context = HeadContext()
-        head.draft(context, features, 5, drafter.embed, drafter.lm_head)
+        context, anchor = HeadContext(), 5  # the anchor: any token id
+        head.draft(context, features, anchor, drafter.embed, drafter.lm_head)
         new = features[:2]
 
         def draft() -> None:
-            head.draft(HeadContext(kv=list(context.kv)), new, 5, drafter.embed, drafter.lm_head)
+            head.draft(HeadContext(kv=list(context.kv)), new, anchor, drafter.embed, drafter.lm_head)
 
         print(f"shipped head, one drafting round (2 new context positions, block {head.config.block_size}): "
               f"{median_ms(draft):.1f} ms")

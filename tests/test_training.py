@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from helpers import assert_same_tokens, greedy_reference, jetspec, make_target
@@ -9,7 +11,7 @@ from transformers import TrainingArguments
 
 from hf_jetspec import JetSpecHead, jetspec_generate
 from hf_jetspec.head import HeadContext
-from hf_jetspec.training.features import FeatureStore, build_feature_store, target_states
+from hf_jetspec.training.features import FeatureStore, build_feature_store, target_states, training_rows
 from hf_jetspec.training.loss import (
     depth_weights,
     forward_kl,
@@ -238,11 +240,8 @@ def test_frequent_tokens_rank_response_tokens():
 def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
     """The vocabulary CLI leaves out what the trainer leaves out: benchmark held-out conversations and the
     --eval-count rows set aside for evaluation, so it reproduces the trainer's --draft-vocab."""
-    import json
-
     from hf_jetspec.prompts import is_held_out
     from hf_jetspec.training import vocab
-    from hf_jetspec.training.features import training_rows
 
     held_out_id = next(f"c{i}" for i in range(1000) if is_held_out(f"c{i}"))
     rows = [{"id": f"r{i}", "input_ids": [1] + [10 + i] * 3, "prompt_len": 1} for i in range(70)]  # one token each

@@ -39,19 +39,14 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def split_held_out(rows: list[dict], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
-    """(training rows, held-out prompt token lists). Held-out prompts come from rows removed from training."""
-    rows = list(rows)
+def training_rows(all_rows: list[dict], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
+    """(training rows, evaluation prompt token lists) from JSONL rows of one or more files: rows of the benchmark's
+    held-out conversations dropped, duplicates across files dropped, ``eval_count`` random rows set aside (their
+    prompts are the evaluation prompts)."""
+    rows = list({r["id"]: r for r in all_rows if not is_held_out(str(r["id"]))}.values())
     random.Random(seed).shuffle(rows)
     held, train = rows[:eval_count], rows[eval_count:]
     return train, [r["input_ids"][: r["prompt_len"]] for r in held]
-
-
-def training_rows(all_rows: list[dict], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
-    """The rows a head trains on (and its evaluation prompts) from JSONL rows of one or more files: rows of the
-    benchmark's held-out conversations dropped, duplicates across files dropped, ``eval_count`` rows set aside."""
-    rows = list({r["id"]: r for r in all_rows if not is_held_out(str(r["id"]))}.values())
-    return split_held_out(rows, eval_count, seed)
 
 
 def build_feature_store(target, rows: list[dict], layer_ids: list[int], out_dir: str | Path,
