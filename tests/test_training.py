@@ -11,6 +11,8 @@ from transformers import TrainingArguments
 
 from hf_jetspec import JetSpecHead, jetspec_generate
 from hf_jetspec.head import HeadContext
+from hf_jetspec.prompts import is_held_out
+from hf_jetspec.training import vocab
 from hf_jetspec.training.features import FeatureStore, build_feature_store, target_states, training_rows
 from hf_jetspec.training.loss import (
     depth_weights,
@@ -21,6 +23,7 @@ from hf_jetspec.training.loss import (
     training_mask,
 )
 from hf_jetspec.training.trainer import AnchorCollator, SequenceDataset, StoreDataset, measure_tau, train_head
+from hf_jetspec.training.vocab import coverage, frequent_tokens
 
 
 def self_generated_rows(target, count=24, prompt_len=5, new=30, seed=0):
@@ -224,13 +227,11 @@ def test_peft_lora_target(tmp_path):
 
 
 def test_frequent_tokens_rank_response_tokens():
-    from hf_jetspec.training.vocab import coverage, frequent_tokens
-
     rows = [{"input_ids": [90, 91, 5, 5, 5, 6, 6, 7], "prompt_len": 2},  # prompt tokens 90, 91 are not counted
             {"input_ids": [92, 6, 8, 8, 8, 8], "prompt_len": 1}]
     # counts: 8 x4, 5 x3, 6 x3, 7 x1; ties by id; "always" ids (eos) first; filled up to 64 from unseen ids
-    vocab = frequent_tokens(rows, 64, always=[2], vocab_size=100)
-    assert len(vocab) == 64 and {2, 5, 6, 7, 8} <= set(vocab) and 90 not in vocab and vocab == sorted(vocab)
+    draft = frequent_tokens(rows, 64, always=[2], vocab_size=100)
+    assert len(draft) == 64 and {2, 5, 6, 7, 8} <= set(draft) and 90 not in draft and draft == sorted(draft)
     assert frequent_tokens(rows, 64, always=[2]) == [2, 5, 6, 7, 8]  # no vocab size: only what occurs
     assert coverage(rows, [5, 6, 8]) == 10 / 11
     with pytest.raises(ValueError, match="draft vocabulary size"):
@@ -240,8 +241,6 @@ def test_frequent_tokens_rank_response_tokens():
 def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
     """The vocabulary CLI leaves out what the trainer leaves out: benchmark held-out conversations and the
     --eval-count rows set aside for evaluation, so it reproduces the trainer's --draft-vocab."""
-    from hf_jetspec.prompts import is_held_out
-    from hf_jetspec.training import vocab
 
     held_out_id = next(f"c{i}" for i in range(1000) if is_held_out(f"c{i}"))
     rows = [{"id": f"r{i}", "input_ids": [1] + [10 + i] * 3, "prompt_len": 1} for i in range(70)]  # one token each
