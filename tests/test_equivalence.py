@@ -116,6 +116,31 @@ def test_oracle_accepts_whole_block(family, block):
     assert out.stats.tau == pytest.approx(sum(steps) / len(steps))
 
 
+@pytest.mark.parametrize("budget", [1, 3, 8, 40])
+def test_drafter_is_asked_for_the_depth_the_tree_can_use(budget):
+    """Each step asks the drafter for min(block - 1, budget - 1, tokens left - 1) depths (no more is ever
+    verified), and the output stays plain greedy's."""
+    model = make_target("qwen3", seed=3)
+    prompt = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(budget))
+    reference = greedy_reference(model, prompt, max_new_tokens=23)
+    oracle, asked = OracleDrafter(reference, 128, 16), []
+
+    class Recording:
+        block_size, layer_ids = 16, []
+
+        def start(self) -> None:
+            pass
+
+        def propose(self, ids, new_features, depth):
+            asked.append((ids.shape[1], depth))
+            return oracle.propose(ids, new_features, depth)
+
+    out = jetspec(model, prompt, drafter=Recording(), tree_budget=budget, max_new_tokens=23)
+    assert_same_tokens(reference, out)
+    final = prompt.shape[1] + 23
+    assert asked and all(depth == min(15, budget - 1, final - length - 1) for length, depth in asked)
+
+
 def test_eos_inside_accepted_path_cuts_exactly(family):
     model = make_target(family, seed=2)
     prompt = torch.randint(3, 128, (1, 5), generator=torch.Generator().manual_seed(7))

@@ -215,6 +215,26 @@ def test_causal_block_mask_makes_depth_independent_of_later_slots():
     assert not torch.allclose(changed, bidirectional)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_draft_depth_returns_the_first_depths_of_the_full_block(causal):
+    """``depth=D`` returns the full block's first D rows (a causal head decodes only D + 1 slots, a bidirectional
+    one the whole block); D = 0 still takes in the new context; D past the block is clipped."""
+    target = make_target("qwen3")
+    torch.manual_seed(2)
+    head = JetSpecHead.for_target(target, block_size=7)
+    head.config.causal = causal
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    features = torch.randn(10, head.fc.in_features)
+    full = head.draft(HeadContext(), features, 3, embed, lm_head)
+    assert full.shape[0] == 6
+    for depth in (0, 1, 3, 6, 20):
+        ctx = HeadContext()
+        out = head.draft(ctx, features, 3, embed, lm_head, depth=depth)
+        assert ctx.length == 10
+        assert out.shape == (min(depth, 6), full.shape[1])
+        assert torch.allclose(out, full[: out.shape[0]], atol=1e-5)
+
+
 def test_incremental_context_equals_full_context():
     """Feeding the context in several rounds (the decode loop) equals feeding it at once."""
     target = make_target("qwen3")

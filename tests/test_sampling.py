@@ -97,10 +97,10 @@ class TableDrafter:
     def start(self) -> None:
         pass
 
-    def propose(self, ids: torch.Tensor, new_features) -> torch.Tensor:
+    def propose(self, ids: torch.Tensor, new_features, depth: int) -> torch.Tensor:
         key = tuple(ids[0, PROMPT.shape[1] :].tolist())
-        out = torch.zeros(self.block_size - 1, VOCAB)
-        for d in range(self.block_size - 1):
+        out = torch.zeros(min(depth, self.block_size - 1), VOCAB)
+        for d in range(out.shape[0]):
             if key not in self.table:
                 break
             out[d] = self.table[key]

@@ -2,9 +2,10 @@
 
 A drafter has ``block_size`` (it drafts depths 1 .. block_size - 1 below the anchor), ``layer_ids`` (target layers
 whose hidden states it reads; empty for none), ``start()`` (reset before a new sequence) and
-``propose(ids, new_features) -> logits [block_size - 1, V]`` where ``ids [1, L + 1]`` is the committed sequence (its
-last token is the anchor, not yet in the target's cache) and ``new_features [n, F]`` the target features of the
-positions committed since the previous call.
+``propose(ids, new_features, depth) -> logits [min(depth, block_size - 1), V]`` where ``ids [1, L + 1]`` is the
+committed sequence (its last token is the anchor, not yet in the target's cache), ``new_features [n, F]`` the target
+features of the positions committed since the previous call and ``depth`` the deepest level the tree can use this
+step (it may be 0: the drafter still takes in ``new_features``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class Drafter(Protocol):
 
     def start(self) -> None: ...
 
-    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None) -> torch.Tensor: ...
+    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None, depth: int) -> torch.Tensor: ...
 
 
 class HeadDrafter:
@@ -44,13 +45,13 @@ class HeadDrafter:
     def start(self) -> None:
         self.context = HeadContext()
 
-    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None) -> torch.Tensor:
+    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None, depth: int) -> torch.Tensor:
         if self.context.length + new_features.shape[0] != ids.shape[1] - 1:
             raise RuntimeError(
                 f"Head context out of sync: {self.context.length} + {new_features.shape[0]} features for "
                 f"{ids.shape[1] - 1} committed positions"
             )
-        return self.head.draft(self.context, new_features, int(ids[0, -1]), self.embed, self.lm_head)
+        return self.head.draft(self.context, new_features, int(ids[0, -1]), self.embed, self.lm_head, depth)
 
 
 class DraftVocabProjection:
@@ -88,8 +89,8 @@ class OracleDrafter:
     def start(self) -> None:
         pass
 
-    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None) -> torch.Tensor:
-        depth = self.block_size - 1
+    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None, depth: int) -> torch.Tensor:
+        depth = max(0, min(depth, self.block_size - 1))
         start = ids.shape[1]
         future = self.reference[start : start + depth].to(ids.device)
         logits = torch.zeros(depth, self.vocab_size, device=ids.device)

@@ -276,11 +276,14 @@ class JetSpecHead(PreTrainedModel):
         anchor: int,
         embed_tokens: nn.Module,
         lm_head: nn.Module,
+        depth: int | None = None,
     ) -> torch.Tensor:
         """One drafting round for a single sequence.
 
         Appends ``new_features [n, F]`` (target positions ``C .. C+n-1``) to ``context``, then decodes the block
-        ``[anchor, mask x (B-1)]`` at positions ``C+n ..``. Returns logits ``[B-1, V]``: row d-1 is depth d.
+        ``[anchor, mask x (B-1)]`` at positions ``C+n ..``. Returns logits ``[D, V]``: row d-1 is depth d, with
+        ``D = min(depth, B-1)`` (``depth=None``: B-1). With causal in-block attention depth d never sees later slots,
+        so a causal head decodes only the first D + 1 slots (the same distributions, less compute).
         """
         start = context.length
         if new_features.shape[0]:
@@ -290,13 +293,16 @@ class JetSpecHead(PreTrainedModel):
                 (torch.cat((k, nk), dim=2), torch.cat((v, nv), dim=2)) for (k, v), (nk, nv) in zip(context.kv, new_kv)
             ]
         length, size = context.length, self.config.block_size
+        depth = size - 1 if depth is None else max(0, min(depth, size - 1))
+        if self.config.causal:
+            size = depth + 1
         device = self.fc.weight.device
         block = torch.full((1, size), self.config.mask_token_id, dtype=torch.long, device=device)
         block[0, 0] = anchor
         positions = torch.arange(length, length + size, device=device)[None]
         mask = block_mask(length, size, self.config.causal, device)
         hidden = self.decode_block(embed_tokens(block), positions, context.kv, mask)
-        return lm_head(hidden[0, 1:].to(lm_head.weight.dtype))
+        return lm_head(hidden[0, 1 : depth + 1].to(lm_head.weight.dtype))
 
     # HF's assisted decoding reads these from an ordinary assistant model; reaching them means the target was not
     # enabled for JetSpec heads, so say how to fix it instead of failing deep inside transformers. (An

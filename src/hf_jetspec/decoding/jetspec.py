@@ -108,11 +108,11 @@ def jetspec_generate(
         prefix = input_ids.shape[1]
         while not writer.finished:
             writer.flush()
-            t0 = timer.now()
-            draft = drafter.propose(writer.ids, None if features is None else features[0])
-            t1 = timer.now()
-            depth = min(drafter.block_size - 1, remaining_tokens(writer, generation_config) - 1)
             budget = min(tree_budget, room_left(cache, prefix) or tree_budget)
+            depth = min(drafter.block_size - 1, remaining_tokens(writer, generation_config) - 1, budget - 1)
+            t0 = timer.now()
+            draft = drafter.propose(writer.ids, None if features is None else features[0], depth)
+            t1 = timer.now()
             if rejection:
                 q = draft_distributions(selector, writer.ids, draft[:depth])
                 shape = build_tree(int(writer.ids[0, -1]), q.log(), budget, width=tree_width, max_depth=depth)
