@@ -70,11 +70,13 @@ def main() -> None:
         head.draft(context, features, anchor, drafter.embed, drafter.lm_head)
         new = features[:2]
 
-        def draft() -> None:
-            head.draft(HeadContext(kv=list(context.kv)), new, anchor, drafter.embed, drafter.lm_head)
+        def draft(depth: int | None) -> None:
+            head.draft(HeadContext(kv=list(context.kv)), new, anchor, drafter.embed, drafter.lm_head, depth)
 
-        print(f"shipped head, one drafting round (2 new context positions, block {head.config.block_size}): "
-              f"{median_ms(draft):.1f} ms")
+        block = head.config.block_size
+        for depth in (block - 1, 7, 3):  # the whole block; what budgets 8 and 4 can use
+            print(f"shipped head, one drafting round (2 new context positions, depths 1-{depth} of block {block}): "
+                  f"{median_ms(lambda: draft(depth)):.1f} ms")
 
 
 if __name__ == "__main__":

@@ -249,6 +249,48 @@ def test_incremental_context_equals_full_context():
     assert torch.allclose(full, out, atol=1e-5)
 
 
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_bf16_head_drafts_for_a_float32_target(family, draft_vocab):
+    """A head cast to bfloat16 (what `default_head` does on CPUs with fast bf16) keeps float32 RoPE frequencies,
+    drafts close to its float32 self at far positions, projects in bf16 when it has a draft vocabulary, and the float32
+    target's greedy output stays exact."""
+    from hf_jetspec.drafters import HeadDrafter
+
+    model = make_target(family, seed=6)
+    vocab = None
+    if draft_vocab:
+        vocab = sorted(torch.randperm(128, generator=torch.Generator().manual_seed(3))[:96].tolist())
+    torch.manual_seed(0)
+    head = JetSpecHead.for_target(model, num_hidden_layers=2, block_size=6, draft_vocab=vocab)
+    fp32 = HeadDrafter(head, model)
+    features = torch.randn(300, fp32.head.fc.in_features)
+    reference = head.draft(HeadContext(), features, 5, fp32.embed, fp32.lm_head).softmax(-1)
+    head = head.to(torch.bfloat16)
+    assert head.rotary.inv_freq.dtype == torch.float32
+    assert torch.equal(head.rotary.inv_freq, head.rotary.frequencies())
+    drafter = HeadDrafter(head, model)
+    if draft_vocab:
+        assert drafter.lm_head.weight.dtype == torch.bfloat16
+    probs = head.draft(HeadContext(), features, 5, drafter.embed, drafter.lm_head).float().softmax(-1)
+    assert (probs - reference).abs().max() < 0.05
+    gen = torch.Generator().manual_seed(4)
+    for length, budget, new in [(2, 8, 30), (6, 32, 25), (3, 1, 10)]:
+        prompt = torch.randint(3, 128, (1, length), generator=gen)
+        assert_same_tokens(greedy_reference(model, prompt, max_new_tokens=new),
+                           jetspec(model, prompt, draft_head=head, tree_budget=budget, max_new_tokens=new),
+                           f"length={length} budget={budget}")
+
+
+def test_head_dtype_policy():
+    """bf16 for a float32 target where bf16 matmuls are fast (this CPU: AVX-512), the target's dtype otherwise."""
+    from hf_jetspec.models import head_dtype
+
+    fast = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert head_dtype(torch.zeros(1)) == (torch.bfloat16 if fast else torch.float32)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert head_dtype(torch.zeros(1, dtype=dtype)) == dtype
+
+
 def test_draft_vocabulary(tmp_path, family):
     """A head with a draft vocabulary projects onto those tokens only (its logits there equal the full
     projection's, -inf elsewhere), greedy outputs stay identical to plain generate, it survives save/load, and

@@ -35,7 +35,7 @@ def load_target(path: str | None, dtype: str, device: str | None):
 def load_head(path: str | None, model, quiet: bool = False):
     """The head at ``path``; else the shipped default head for the default model; else an untrained head."""
     from .head import JetSpecHead
-    from .models import default_head
+    from .models import default_head, head_dtype
 
     if path is not None:
         head = JetSpecHead.from_pretrained(path)
@@ -48,7 +48,7 @@ def load_head(path: str | None, model, quiet: bool = False):
             torch.manual_seed(0)
             head = JetSpecHead.for_target(model)
     param = next(model.parameters())
-    head = head.to(device=param.device, dtype=param.dtype)
+    head = head.to(device=param.device, dtype=head_dtype(param))
     head.check_target(model)
     return head
 

@@ -37,7 +37,7 @@ class HeadDrafter:
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         if head.config.draft_vocab is not None:
-            self.lm_head = DraftVocabProjection(self.lm_head, head.config.draft_vocab)
+            self.lm_head = DraftVocabProjection(self.lm_head, head.config.draft_vocab, dtype=head.fc.weight.dtype)
         self.block_size = head.config.block_size
         self.layer_ids = list(head.config.target_layer_ids)
         self.context = HeadContext()
@@ -57,18 +57,20 @@ class HeadDrafter:
 class DraftVocabProjection:
     """The target's LM head restricted to a draft vocabulary: hidden ``[n, H]`` -> logits ``[n, V]``, ``-inf``
     outside the ``ids`` (so the draft distribution is renormalised over them). The rows of the LM-head weight are
-    gathered once per decoding call; a round then reads ``len(ids) / V`` of the weight."""
+    gathered once per decoding call (cast to ``dtype``, default the weight's: the head's compute dtype); a round then
+    reads ``len(ids) / V`` of the weight."""
 
-    def __init__(self, lm_head: torch.nn.Module, ids: list[int]) -> None:
+    def __init__(self, lm_head: torch.nn.Module, ids: list[int], dtype: torch.dtype | None = None) -> None:
         weight = lm_head.weight.detach()
+        dtype = dtype or weight.dtype
         self.ids = torch.tensor(ids, dtype=torch.long, device=weight.device)
-        self.weight = weight.index_select(0, self.ids)
+        self.weight = weight.index_select(0, self.ids).to(dtype)
         bias = getattr(lm_head, "bias", None)
-        self.bias = None if bias is None else bias.detach().index_select(0, self.ids)
+        self.bias = None if bias is None else bias.detach().index_select(0, self.ids).to(dtype)
         self.vocab_size = weight.shape[0]
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        sub = torch.nn.functional.linear(hidden, self.weight, self.bias)
+        sub = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias)
         out = sub.new_full((*hidden.shape[:-1], self.vocab_size), float("-inf"))
         return out.index_copy_(-1, self.ids, sub)
 

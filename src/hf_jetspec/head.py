@@ -45,6 +45,14 @@ class Rotary(nn.Module):
     def frequencies(self) -> torch.Tensor:
         return 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
 
+    def _apply(self, fn, *args, **kwargs):
+        """Casts (``head.to(torch.bfloat16)``) keep the frequencies float32: rounded ones would skew the angles of
+        distant positions."""
+        super()._apply(fn, *args, **kwargs)
+        if self.inv_freq.dtype != torch.float32:
+            self.inv_freq = self.frequencies().to(self.inv_freq.device)
+        return self
+
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]

@@ -138,10 +138,23 @@ def default_model(
 SHIPPED_HEADS = Path(__file__).parent / "assets" / "heads"
 
 
+def head_dtype(param: torch.Tensor) -> torch.dtype:
+    """The compute dtype for a draft head next to a target parameter ``param``: bfloat16 for a float32 target on a
+    device with fast bf16 matmuls (a CUDA GPU that supports it, a CPU with AVX-512), else the target's dtype. The
+    draft's precision never changes the output: verification by the target keeps it exact."""
+    if param.dtype != torch.float32:
+        return param.dtype
+    if param.device.type == "cuda":
+        fast = torch.cuda.is_bf16_supported()
+    else:
+        fast = param.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return torch.bfloat16 if fast else param.dtype
+
+
 def default_head(model: PreTrainedModel | None = None):
     """The trained head shipped with the package for the default model (SmolLM2-135M-Instruct), or None when none
-    ships (or, given ``model``, none fits it). Stored in bfloat16; given ``model`` it is moved to the model's dtype
-    and device (CPUs without bf16 matmuls run a bf16 head slowly)."""
+    ships (or, given ``model``, none fits it). Stored in bfloat16; given ``model`` it is moved to the model's device
+    and to `head_dtype` (bf16 where bf16 matmuls are fast, the model's dtype elsewhere)."""
     from .head import JetSpecHead
 
     folder = SHIPPED_HEADS / "smollm2-135m-instruct"
@@ -154,7 +167,7 @@ def default_head(model: PreTrainedModel | None = None):
         except ValueError:
             return None
         param = next(model.parameters())
-        head = head.to(device=param.device, dtype=param.dtype)
+        head = head.to(device=param.device, dtype=head_dtype(param))
     return head
 
 
