@@ -238,6 +238,24 @@ def test_frequent_tokens_rank_response_tokens():
         frequent_tokens(rows, 3)
 
 
+def test_more_data_files_keep_the_evaluation_set():
+    """Evaluation rows come from the first file: adding a second file (more data, with a duplicate and a benchmark
+    held-out conversation) keeps them, trains on the new rows and never moves a trained-on row into evaluation."""
+    held_out_id = next(f"c{i}" for i in range(1000) if is_held_out(f"c{i}"))
+    names = (f"r{i}" for i in range(1000) if not is_held_out(f"r{i}"))
+    row = lambda token: {"id": next(names), "input_ids": [1, token, token], "prompt_len": 2}
+    first = [row(i) for i in range(40)]
+    train, evaluation = training_rows([first], 5, 3)
+    assert len(train) == 35 and len(evaluation) == 5
+    new = [row(100 + i) for i in range(30)]
+    more = new + [dict(first[0], input_ids=[1, 99, 99]), {"id": held_out_id, "input_ids": [1, 98, 98], "prompt_len": 2}]
+    train2, evaluation2 = training_rows([first, more], 5, 3)
+    assert evaluation2 == evaluation
+    assert {r["id"] for r in train2} == {r["id"] for r in train} | {r["id"] for r in new}
+    assert len(train2) == 65 and not {tuple(p) for p in evaluation} & {tuple(r["input_ids"][:2]) for r in train2}
+    assert training_rows([first], 5, 4)[1] != evaluation  # the seed picks the set
+
+
 def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
     """The vocabulary CLI leaves out what the trainer leaves out: benchmark held-out conversations and the
     --eval-count rows set aside for evaluation, so it reproduces the trainer's --draft-vocab."""
@@ -251,7 +269,7 @@ def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
     head_dir = tmp_path / "head"
     JetSpecHead.for_target(target, block_size=4, num_hidden_layers=1).save_pretrained(head_dir)
     assert vocab.main(["--data", str(data), "--head", str(head_dir), "--size", "64", "--eval-count", "6"]) == 0
-    kept, _ = training_rows(rows, 6, 0)
+    kept, _ = training_rows([rows], 6, 0)
     saved = JetSpecHead.from_pretrained(head_dir).config.draft_vocab
     assert saved == vocab.frequent_tokens(kept, 64, vocab_size=128)
     assert 5 not in saved  # only the held-out conversation uses token 5

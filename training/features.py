@@ -39,14 +39,18 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def training_rows(all_rows: list[dict], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
-    """(training rows, evaluation prompt token lists) from JSONL rows of one or more files: rows of the benchmark's
-    held-out conversations dropped, duplicates across files dropped, ``eval_count`` random rows set aside (their
-    prompts are the evaluation prompts)."""
-    rows = list({r["id"]: r for r in all_rows if not is_held_out(str(r["id"]))}.values())
+def training_rows(files: list[list[dict]], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
+    """(training rows, evaluation prompt token lists) from the JSONL rows of one or more files (one row list per
+    file): rows of the benchmark's held-out conversations dropped, duplicate ids dropped, ``eval_count`` random rows
+    of the FIRST file set aside (their prompts are the evaluation prompts). More data added later as further files
+    therefore keeps the evaluation set and never moves a row already trained on into it."""
+    first, *more = files
+    rows = list({r["id"]: r for r in first if not is_held_out(str(r["id"]))}.values())
     random.Random(seed).shuffle(rows)
     held, train = rows[:eval_count], rows[eval_count:]
-    return train, [r["input_ids"][: r["prompt_len"]] for r in held]
+    seen = {r["id"] for r in rows}
+    extra = {r["id"]: r for part in more for r in part if r["id"] not in seen and not is_held_out(str(r["id"]))}
+    return train + list(extra.values()), [r["input_ids"][: r["prompt_len"]] for r in held]
 
 
 def build_feature_store(target, rows: list[dict], layer_ids: list[int], out_dir: str | Path,

@@ -186,7 +186,8 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hf-jetspec train", description="Train a JetSpec head with the Trainer.")
     p.add_argument("--data", required=True, nargs="+",
-                   help="JSONL file(s) of {id, input_ids, prompt_len} (see hf_jetspec.training.data)")
+                   help="JSONL file(s) of {id, input_ids, prompt_len} (see hf_jetspec.training.data); the "
+                        "--eval-count evaluation rows come from the first file, so adding files keeps them")
     p.add_argument("--features", default=None,
                    help="feature store folder: used as is when it exists (e.g. recorded by the data generator "
                         "with --states-dir), else built from the data on first use")
@@ -238,8 +239,9 @@ def main(argv=None) -> int:
     from hf_jetspec.models import SMOLLM2_HUB_ID
 
     args = parse_args(argv)
-    all_rows = [r for path in args.data for r in read_jsonl(path)]
-    train_rows, eval_prompts = training_rows(all_rows, args.eval_count, args.seed)
+    files = [read_jsonl(path) for path in args.data]
+    all_rows = [r for rows in files for r in rows]
+    train_rows, eval_prompts = training_rows(files, args.eval_count, args.seed)
     not_trained = {str(r["id"]) for r in all_rows} - {str(r["id"]) for r in train_rows}  # held out or eval
     target, tokenizer = load_target(args.model, args.target_dtype, None)
     store = None

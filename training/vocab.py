@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                    help="rows the trainer set aside for evaluation (as its --eval-count; excluded here too)")
     p.add_argument("--seed", type=int, default=0, help="the trainer's --seed (which rows it set aside)")
     args = p.parse_args(argv)
-    rows, _ = training_rows([r for path in args.data for r in read_jsonl(path)], args.eval_count, args.seed)
+    rows, _ = training_rows([read_jsonl(path) for path in args.data], args.eval_count, args.seed)
     head = JetSpecHead.from_pretrained(args.head)
     head.config.draft_vocab = frequent_tokens(rows, args.size, args.eos, head.config.vocab_size)
     head.config.validate_head()
