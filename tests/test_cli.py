@@ -4,6 +4,10 @@ and bad arguments give one-line errors."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from transformers import AutoTokenizer
 
 from hf_jetspec import JetSpecHead, bench
 from hf_jetspec.cli import main
+from hf_jetspec.cpu import mkl_code_path
 from hf_jetspec.models import convert_gguf, find_smollm2_gguf
 
 
@@ -67,6 +72,21 @@ def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
     assert payload["machine"]["torch"] and payload["settings"]["max_new_tokens"] == 10
     assert {p.name for p in plots.iterdir()} >= {"speedup_per_category.png", "tau_per_category.png",
                                                   "tau_vs_budget.png"}
+
+
+def test_console_command_tunes_mkl_and_stays_exact(model_dir, prompts_file, tmp_path):
+    """The installed `hf-jetspec` command, in its own process, pins MKL's code path where that helps
+    (`hf_jetspec.cpu`) and records it; every strategy still returns plain greedy's tokens under it."""
+    out_json = tmp_path / "bench.json"
+    command = [str(Path(sys.executable).with_name("hf-jetspec")), "bench", "--model", str(model_dir / "model"),
+               "--head", str(model_dir / "head"), "--prompts", str(prompts_file), "--field", "q", "--limit", "2",
+               "--max-new-tokens", "16", "--strategies", "ar,jetspec,jacobi", "--budgets", "4,16",
+               "--json", str(out_json)]
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    subprocess.run(command, check=True, env=env, capture_output=True, timeout=600)
+    payload = json.loads(out_json.read_text())
+    assert payload["machine"]["mkl_cbwr"] == mkl_code_path()
+    assert all(s["matches_greedy"] is True for s in payload["strategies"].values())
 
 
 def test_draft_layers_give_a_truncated_draft(model_dir, prompts_file, tmp_path, capsys):

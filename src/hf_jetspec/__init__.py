@@ -3,6 +3,7 @@
 from transformers import AutoConfig, AutoModel
 
 from .config import JetSpecConfig
+from .cpu import tune_mkl
 from .decoding import jacobi_generate, jetspec_generate, speculative_jacobi_generate
 from .drafters import HeadDrafter, OracleDrafter
 from .head import JetSpecHead
@@ -50,4 +51,5 @@ __all__ = [
     "jacobi_generate",
     "jetspec_generate",
     "speculative_jacobi_generate",
+    "tune_mkl",
 ]

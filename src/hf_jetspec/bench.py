@@ -14,6 +14,7 @@ temperature's baseline.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -263,6 +264,7 @@ def machine_info(model) -> dict:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_threads": torch.get_num_threads(),
+        "mkl_cbwr": os.environ.get("MKL_CBWR") or None,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

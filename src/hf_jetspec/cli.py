@@ -9,6 +9,7 @@ import time
 import torch
 
 from .bench import STRATEGY_KINDS
+from .cpu import tune_mkl
 
 STRATEGIES = ("jetspec", "jacobi", "spec-jacobi", "ar")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -223,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line, a fresh process: tune MKL before its first matrix product
+        tune_mkl()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # the trainer has its own argument parser
         from .training.trainer import main as train_main
