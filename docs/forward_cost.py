@@ -2,6 +2,7 @@
 speculative decoding: a tree step verifies N nodes in one forward). Also times the draft head's round.
 
     .venv/bin/python docs/forward_cost.py            # embedded SmolLM2-135M-Instruct, float32, prefix 200
+    .venv/bin/python docs/forward_cost.py --no-tune  # MKL's default code path (no MKL_CBWR, see hf_jetspec.cpu)
 
 Prints milliseconds per call (median of 20 after warm-up) for: the target's LM-head matmul alone, a full target
 forward of N new tokens on top of a 200-token KV cache (with the 4D tree mask tree steps pass), and one drafting
@@ -10,13 +11,16 @@ round of the shipped head.
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
 
 import torch
 from transformers import DynamicCache
 
 from hf_jetspec.cache import cache_kwarg, keep_positions
+from hf_jetspec.cpu import tune_mkl
 from hf_jetspec.drafters import HeadDrafter
 from hf_jetspec.head import HeadContext
 from hf_jetspec.models import default_head, default_model
@@ -37,6 +41,8 @@ def median_ms(fn, repeats: int = 20) -> float:
 
 @torch.no_grad()
 def main() -> None:
+    if "--no-tune" not in sys.argv[1:]:
+        tune_mkl()  # what the hf-jetspec command does (before the first matrix product)
     model, _ = default_model()
     lm_head = model.get_output_embeddings()
     ids = torch.randint(0, lm_head.weight.shape[0], (1, PREFIX + max(SIZES)))
@@ -52,7 +58,8 @@ def main() -> None:
         keep_positions(cache, PREFIX, [])  # drop the n new slots again
 
     hidden = torch.randn(1, max(SIZES), model.config.hidden_size)
-    print(f"threads {torch.get_num_threads()}; SmolLM2-135M float32; KV prefix {PREFIX}")
+    print(f"threads {torch.get_num_threads()}; MKL_CBWR={os.environ.get('MKL_CBWR') or '(unset)'}; "
+          f"SmolLM2-135M float32; KV prefix {PREFIX}")
     print("| tokens | LM-head matmul (ms) | target forward (ms) | forward / 1-token forward |")
     print("|---:|---:|---:|---:|")
     base = None
