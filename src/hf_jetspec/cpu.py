@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-MKL_ISA = {"AVX512": "AVX512", "AVX2": "AVX2"}  # torch's CPU capability -> MKL_CBWR branch
+MKL_BRANCHES = ("AVX512", "AVX2")  # torch CPU capabilities that are also MKL_CBWR branch names
 
 
 def cpu_vendor() -> str | None:
@@ -37,7 +37,7 @@ def mkl_code_path(vendor: str | None = None, capability: str | None = None) -> s
     capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
     if not torch.backends.mkl.is_available() or vendor in (None, "GenuineIntel"):
         return None
-    return MKL_ISA.get(capability)
+    return capability if capability in MKL_BRANCHES else None
 
 
 def tune_mkl() -> str | None:
