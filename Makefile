@@ -22,4 +22,4 @@ test: setup
 	$(VENV)/bin/pytest -q
 
 bench: setup
-	$(VENV)/bin/hf-jetspec bench --prompts mt-bench --limit 2 --strategies ar,jetspec,jetspec-oracle --budgets 16,32,64 --per-category
+	$(VENV)/bin/hf-jetspec bench --prompts mt-bench --limit 2 --strategies ar,jetspec,jetspec-oracle --budgets 4,8,16,32 --per-category

@@ -3,8 +3,8 @@
 Speculative decoding verifies several tokens per target forward: its matrix products have 2-64 rows where plain
 decoding multiplies single rows. Intel MKL (PyTorch's BLAS on x86) dispatches those small matrix-matrix products
 to generic kernels on non-Intel CPUs; pinning MKL's code path to the CPU's own vector ISA with ``MKL_CBWR`` makes
-them about twice as fast there (SmolLM2-135M on an AMD EPYC: a 9-token forward ~1.5x a one-token forward by
-default, ~1.2x pinned; see docs/results.md) and leaves one-row products as they were. The setting applies to a
+them about twice as fast there (SmolLM2-135M on an AMD EPYC: an 8-token forward ~2.0x a one-token forward by
+default, ~1.3x pinned; see docs/results.md) and leaves one-row products as they were. The setting applies to a
 whole process and must be made before its first matrix product, so the ``hf-jetspec`` command does it at start;
 library users call `tune_mkl()` first thing (or export ``MKL_CBWR`` themselves).
 """
