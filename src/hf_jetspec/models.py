@@ -146,8 +146,13 @@ def head_dtype(param: torch.Tensor) -> torch.dtype:
         return param.dtype
     if param.device.type == "cuda":
         fast = torch.cuda.is_bf16_supported()
+    elif param.device.type == "cpu":
+        try:  # oneDNN's own check (AVX-512 and up); absent from builds without oneDNN
+            fast = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            fast = False
     else:
-        fast = param.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        fast = False
     return torch.bfloat16 if fast else param.dtype
 
 
