@@ -138,18 +138,24 @@ def test_bad_arguments_give_one_line_errors(argv, message, prompts_file, capsys)
     assert err.startswith("hf-jetspec: error:") and message in err and "\n" not in err and "Traceback" not in err
 
 
-def test_train_command(model_dir, tmp_path, capsys):
+def _training_data(model_dir, tmp_path, count=8):
+    """(target, rows, JSONL path): ``count`` rows of the tiny target's own greedy answers to random prompts."""
     from hf_jetspec.cli import load_target
 
     target, _ = load_target(str(model_dir / "model"), "float32", None)
     rows = []
     gen = torch.Generator().manual_seed(0)
-    for i in range(8):
+    for i in range(count):
         prompt = torch.randint(3, 1000, (1, 4), generator=gen)
         out = target.generate(prompt, do_sample=False, max_new_tokens=12)
         rows.append({"id": f"row{i}", "input_ids": out[0].tolist(), "prompt_len": 4})
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
+    return target, rows, data
+
+
+def test_train_command(model_dir, tmp_path, capsys):
+    target, rows, data = _training_data(model_dir, tmp_path)
     out_dir = tmp_path / "head"
     args = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(out_dir),
                  "--max-steps", "3", "--batch-size", "2", "--num-anchors", "4", "--block-size", "4",
@@ -166,3 +172,27 @@ def test_train_command(model_dir, tmp_path, capsys):
     assert main([*args[:args.index("--max-steps")], "--max-steps", "5", *args[args.index("--max-steps") + 2:],
                  "--resume-from-checkpoint", "last"]) == 0
     assert JetSpecHead.from_pretrained(out_dir).config.training_summary["steps"] == 5
+
+
+def test_train_command_reads_several_feature_stores(model_dir, tmp_path):
+    """`--features A B`: every stored sequence trains (also ones no --data file lists) except the evaluation rows;
+    stores tapping other layers, or a missing one among several, are refused."""
+    from hf_jetspec.config import default_target_layer_ids
+    from hf_jetspec.training.features import build_feature_store
+
+    target, rows, data = _training_data(model_dir, tmp_path)
+    taps = default_target_layer_ids(target.config.num_hidden_layers, 3)
+    extra = [{**r, "id": f"extra{i}"} for i, r in enumerate(rows[:3])]  # stored only, in no --data file
+    build_feature_store(target, rows[:5], taps, tmp_path / "a")
+    build_feature_store(target, rows[5:] + extra, taps, tmp_path / "b")
+    args = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(tmp_path / "h"),
+            "--max-steps", "1", "--batch-size", "2", "--num-anchors", "2", "--block-size", "4", "--head-layers", "1",
+            "--eval-count", "2", "--eval-steps", "100", "--save-steps", "100", "--features"]
+    assert main(args + [str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    summary = JetSpecHead.from_pretrained(tmp_path / "h").config.training_summary
+    assert summary["sequences"] == 8 - 2 + 3
+    build_feature_store(target, rows[:2], taps[:1], tmp_path / "c")
+    with pytest.raises(ValueError, match="same layers"):
+        main(args + [str(tmp_path / "a"), str(tmp_path / "c")])
+    with pytest.raises(ValueError, match="not found"):
+        main(args + [str(tmp_path / "a"), str(tmp_path / "missing")])

@@ -10,9 +10,10 @@ from helpers import assert_same_tokens, greedy_reference, jetspec, make_target
 from transformers import TrainingArguments
 
 from hf_jetspec import JetSpecHead, jetspec_generate
+from hf_jetspec.drafters import HeadDrafter
 from hf_jetspec.head import HeadContext
 from hf_jetspec.prompts import is_held_out
-from hf_jetspec.training import vocab
+from hf_jetspec.training import diagnose, vocab
 from hf_jetspec.training.features import FeatureStore, build_feature_store, target_states, training_rows
 from hf_jetspec.training.loss import (
     depth_weights,
@@ -275,3 +276,69 @@ def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
     assert 5 not in saved  # only the held-out conversation uses token 5
     set_aside = {r["input_ids"][1] for r in rows[:70]} - {r["input_ids"][1] for r in kept}
     assert len(set_aside) == 6 and not set_aside & set(saved)  # 64 kept rows fill the 64 slots: eval tokens stay out
+
+
+def test_acceptance_profile_by_hand():
+    predicted = torch.tensor([[9, 1, 2, 3], [9, 1, 0, 3], [9, 0, 2, 3]])
+    truth = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]])
+    valid = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]]).bool()  # the last anchor's slot 3 is past the end
+    hits, chains, counts = diagnose.acceptance_profile(predicted, truth, valid)
+    assert hits.tolist() == [2, 2, 2]  # the anchor slot (9 vs 0) is ignored
+    assert chains.tolist() == [2, 1, 1]  # row 1 breaks at depth 2, row 2 at depth 1
+    assert counts.tolist() == [3, 3, 2]
+
+
+@pytest.mark.parametrize("family,causal", [("qwen3", True), ("llama", False)])
+def test_depth_accuracy_counts_what_the_decoding_drafter_drafts(tmp_path, family, causal):
+    """The teacher-forced profile equals one computed anchor by anchor through the decoding path (`HeadDrafter`,
+    the target's greedy choice from a full forward), for causal and bidirectional heads, with a draft vocabulary,
+    on text the (briefly trained) head has seen and on random text."""
+    target = make_target(family, seed=5)
+    seen = self_generated_rows(target, count=12, new=14, seed=2)
+    torch.manual_seed(1)
+    head = JetSpecHead.for_target(target, block_size=5, num_hidden_layers=1, causal=causal)
+    train_head(target, head, SequenceDataset(seen), _args(tmp_path, 30), num_anchors=8, seed=0)
+    head.config.draft_vocab = list(range(2, 100))
+    rows = seen[:3] + [{"id": "x", "input_ids": torch.randint(3, 128, (19,)).tolist(), "prompt_len": 4}]
+    got = diagnose.depth_accuracy(head, target, rows)
+    hits, chains, count = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    for row in rows:
+        ids = torch.tensor([row["input_ids"]])
+        with torch.no_grad():
+            greedy = target(ids).logits[0].argmax(-1)
+            features, _ = target_states(target, ids, None, head.config.target_layer_ids)
+        for a in range(row["prompt_len"] - 1, ids.shape[1] - 1):
+            drafter = HeadDrafter(head, target)
+            drafted = drafter.propose(ids[:, : a + 1], features[0, :a], depth=4).argmax(-1)
+            run = True
+            for k in range(1, 5):
+                if a + k < ids.shape[1]:
+                    right = bool(drafted[k - 1] == greedy[a + k - 1])
+                    run = run and right
+                    hits[k - 1] += right
+                    chains[k - 1] += run
+                    count[k - 1] += 1
+    assert got["anchors"] == int(count[0]) == sum(len(r["input_ids"]) - r["prompt_len"] for r in rows)
+    assert got["top1"] == pytest.approx((hits / count).tolist())
+    assert got["chain"] == pytest.approx((chains / count).tolist())
+    assert got["chain_tau"] == pytest.approx(1 + float((chains / count).sum()))
+    assert 0 < got["chain"][0] < 1  # some drafts right, some wrong
+
+
+def test_diagnose_cli_compares_held_out_and_training_rows(tmp_path, capsys):
+    target = make_target("qwen3", seed=6)
+    target.save_pretrained(tmp_path / "target")
+    rows = self_generated_rows(target, count=7, new=10, seed=3)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    head = JetSpecHead.for_target(target, block_size=4, num_hidden_layers=1)
+    head.save_pretrained(tmp_path / "head")
+    common = ["--head", str(tmp_path / "head"), "--data", str(data), "--model", str(tmp_path / "target"),
+              "--eval-count", "2", "--count", "3"]
+    assert diagnose.main(common + ["--json", str(tmp_path / "out.json")]) == 0
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["held_out"]["anchors"] == 2 * 10 and out["training"]["anchors"] == 3 * 10
+    assert "held_out chain" in capsys.readouterr().out
+    store = build_feature_store(target, rows[:3], head.config.target_layer_ids, tmp_path / "store")
+    with pytest.raises(ValueError, match="lacks"):  # a store without the evaluation rows
+        diagnose.main(common + ["--features", str(store)])

@@ -39,18 +39,24 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def training_rows(files: list[list[dict]], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
-    """(training rows, evaluation prompt token lists) from the JSONL rows of one or more files (one row list per
-    file): rows of the benchmark's held-out conversations dropped, duplicate ids dropped, ``eval_count`` random rows
-    of the FIRST file set aside (their prompts are the evaluation prompts). More data added later as further files
-    therefore keeps the evaluation set and never moves a row already trained on into it."""
+def split_rows(files: list[list[dict]], eval_count: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(training rows, evaluation rows) from the JSONL rows of one or more files (one row list per file): rows of
+    the benchmark's held-out conversations dropped, duplicate ids dropped, ``eval_count`` random rows of the FIRST
+    file set aside for evaluation. More data added later as further files therefore keeps the evaluation set and
+    never moves a row already trained on into it."""
     first, *more = files
     rows = list({r["id"]: r for r in first if not is_held_out(str(r["id"]))}.values())
     random.Random(seed).shuffle(rows)
     held, train = rows[:eval_count], rows[eval_count:]
     seen = {r["id"] for r in rows}
     extra = {r["id"]: r for part in more for r in part if r["id"] not in seen and not is_held_out(str(r["id"]))}
-    return train + list(extra.values()), [r["input_ids"][: r["prompt_len"]] for r in held]
+    return train + list(extra.values()), held
+
+
+def training_rows(files: list[list[dict]], eval_count: int, seed: int = 0) -> tuple[list[dict], list[list[int]]]:
+    """(training rows, evaluation prompt token lists): `split_rows`, with the evaluation rows cut to their prompts."""
+    train, held = split_rows(files, eval_count, seed)
+    return train, [r["input_ids"][: r["prompt_len"]] for r in held]
 
 
 def build_feature_store(target, rows: list[dict], layer_ids: list[int], out_dir: str | Path,
@@ -100,17 +106,26 @@ def _store_batch(target, rows, layer_ids, tensors: dict, index: list) -> None:
 
 
 class FeatureStore:
-    """Read-only view of a store written by `build_feature_store`: ``len()`` sequences, ``store[i]`` a dict with
-    input_ids ``[T]``, features ``[T, F]``, final ``[T, H]`` (bfloat16, memory-mapped), prompt_len."""
+    """Read-only view of one or more stores written by `build_feature_store` (or the data generator's
+    ``--states-dir``): ``len()`` sequences, ``store[i]`` a dict with input_ids ``[T]``, features ``[T, F]``, final
+    ``[T, H]`` (bfloat16, memory-mapped), prompt_len. Several directories must share their tapped layers."""
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        meta = json.loads((self.directory / "meta.json").read_text())
-        self.layer_ids = meta["layer_ids"]
+    def __init__(self, *directories: str | Path) -> None:
+        if not directories:
+            raise ValueError("FeatureStore needs at least one directory")
+        self.directories = [Path(d) for d in directories]
+        self.directory = self.directories[0]
+        self.layer_ids = None
         self.items: list[tuple[Path, dict]] = []
-        for path in sorted(self.directory.glob("shard_*.safetensors")):
-            with safe_open(str(path), framework="pt") as f:
-                self.items += [(path, entry) for entry in json.loads(f.metadata()["index"])]
+        for directory in self.directories:
+            layer_ids = json.loads((directory / "meta.json").read_text())["layer_ids"]
+            if self.layer_ids is not None and layer_ids != self.layer_ids:
+                raise ValueError(f"feature store {directory} taps layers {layer_ids}, {self.directory} taps "
+                                 f"{self.layer_ids}: stores for one head must tap the same layers")
+            self.layer_ids = layer_ids
+            for path in sorted(directory.glob("shard_*.safetensors")):
+                with safe_open(str(path), framework="pt") as f:
+                    self.items += [(path, entry) for entry in json.loads(f.metadata()["index"])]
         self._open: dict[Path, object] = {}
 
     def __len__(self) -> int:

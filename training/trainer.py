@@ -188,9 +188,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--data", required=True, nargs="+",
                    help="JSONL file(s) of {id, input_ids, prompt_len} (see hf_jetspec.training.data); the "
                         "--eval-count evaluation rows come from the first file, so adding files keeps them")
-    p.add_argument("--features", default=None,
-                   help="feature store folder: used as is when it exists (e.g. recorded by the data generator "
-                        "with --states-dir), else built from the data on first use")
+    p.add_argument("--features", default=None, nargs="+",
+                   help="feature store folder(s): used as they are when they exist (e.g. recorded by the data "
+                        "generator with --states-dir); a single missing folder is built from the data on first "
+                        "use. Every stored sequence trains except the evaluation rows and held-out conversations")
     p.add_argument("--model", default=None, help="target folder / Hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--init-head", default=None, help="start from this head instead of a fresh one")
@@ -245,8 +246,12 @@ def main(argv=None) -> int:
     not_trained = {str(r["id"]) for r in all_rows} - {str(r["id"]) for r in train_rows}  # held out or eval
     target, tokenizer = load_target(args.model, args.target_dtype, None)
     store = None
-    if args.features and (Path(args.features) / "meta.json").exists():
-        store = FeatureStore(args.features)  # e.g. recorded during data generation
+    if args.features:
+        missing = [d for d in args.features if not (Path(d) / "meta.json").exists()]
+        if missing and len(args.features) > 1:
+            raise ValueError(f"feature stores not found: {missing} (only a single --features folder is built)")
+        if not missing:
+            store = FeatureStore(*args.features)  # e.g. recorded during data generation
     if args.init_head:
         head = JetSpecHead.from_pretrained(args.init_head)
     else:
@@ -256,7 +261,8 @@ def main(argv=None) -> int:
     if args.features and store is None:
         from .features import build_feature_store
 
-        store = FeatureStore(build_feature_store(target, train_rows, head.config.target_layer_ids, args.features))
+        store = FeatureStore(build_feature_store(target, train_rows, head.config.target_layer_ids,
+                                                 args.features[0]))
     if store is not None:
         if store.layer_ids != head.config.target_layer_ids:
             raise ValueError(f"feature store taps {store.layer_ids} != head taps {head.config.target_layer_ids}")
