@@ -72,7 +72,8 @@ def _sequences(rows: list[dict], store: FeatureStore | None) -> list[dict]:
     where = {str(entry["id"]): i for i, (_, entry) in enumerate(store.items)}
     missing = [r["id"] for r in rows if str(r["id"]) not in where]
     if missing:
-        raise ValueError(f"feature store {', '.join(map(str, store.directories))} lacks {len(missing)} of the rows, e.g. {missing[0]!r}")
+        stores = ", ".join(map(str, store.directories))
+        raise ValueError(f"feature store {stores} lacks {len(missing)} of the rows, e.g. {missing[0]!r}")
     return [store[where[str(r["id"])]] for r in rows]
 
 
