@@ -179,3 +179,65 @@ def test_states_recorded_during_generation_equal_a_teacher_forced_pass(tmp_path,
         n = len(row["input_ids"]) - 1  # the last token was never fed to the model
         assert torch.allclose(item["features"][:n].float(), features[0, :n], atol=3e-2, rtol=3e-2)
         assert torch.allclose(item["final"][:n].float(), final[0, :n], atol=3e-2, rtol=3e-2)
+
+
+def _qa(cid, question, answer, opening="human"):
+    turns = [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+    return {"id": cid, "conversations": turns if opening == "human" else turns[::-1]}
+
+
+def test_answer_rows_are_the_conversations_own_answers(tokenizer):
+    from hf_jetspec.prompts import is_held_out
+
+    held = next(f"h{i}" for i in range(1000) if is_held_out(f"h{i}"))
+    conversations = [
+        _qa("ok", "What is 2+2?", "It is four: two plus two."),
+        _qa("long", "Count.", " ".join(str(i) for i in range(60))),
+        _qa(held, "Q?", "A long enough answer here."),
+        _qa("skip", "Q?", "A long enough answer here."),
+        {"id": "lone", "conversations": [{"from": "human", "value": "q"}]},
+        _qa("opens", "Q?", "A long enough answer here.", opening="gpt"),
+        _qa("blank", "Q?", "  \n"),
+        _qa("short", "Q?", "Yes"),
+        _qa("big", "word " * 200, "A long enough answer here."),
+    ]
+    rows, skipped = data.answer_rows(conversations, tokenizer, max_prompt_tokens=64, max_answer_tokens=24,
+                                     exclude={"skip"})
+    assert [r["id"] for r in rows] == ["orig:ok", "orig:long"]
+    assert skipped == {"held_out": 1, "excluded": 1, "not_opening": 2, "empty_answer": 1, "short_answer": 1,
+                       "too_long": 1}
+    ok, long = rows
+    messages = [{"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "It is four: two plus two."}]
+    full = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    prompt = tokenizer(tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, tokenize=False),
+                       add_special_tokens=False)["input_ids"]
+    assert ok["input_ids"] == full and ok["prompt_len"] == len(prompt) and ok["finish"] == "eos"
+    assert tokenizer.eos_token_id in ok["input_ids"][ok["prompt_len"]:]
+    assert len(long["input_ids"]) == long["prompt_len"] + 24 and long["finish"] == "length"
+
+
+def test_main_dataset_answers_with_states(tmp_path, tokenizer):
+    """`--responses dataset`: rows of the conversations' own answers, resumable, plus a teacher-forced feature
+    store of exactly those rows; `--exclude-eval` leaves out the trainer's evaluation conversations."""
+    from hf_jetspec.training.features import FeatureStore, split_rows
+
+    conversations = [_qa(f"c{i}", f"Question {i}?", f"Answer number {i} is a fine answer.") for i in range(12)]
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps(conversations))
+    first = tmp_path / "first.jsonl"  # the trainer's first --data file: same conversations, target-answered
+    first.write_text("".join(json.dumps({"id": f"c{i}", "input_ids": [1, 2, 3], "prompt_len": 1}) + "\n"
+                             for i in range(12)))
+    evaluation = {r["id"] for r in split_rows([data.read_jsonl(first)], 8, 0)[1]}
+    out, states = tmp_path / "orig.jsonl", tmp_path / "states"
+    argv = ["--sharegpt", str(sharegpt), "--out", str(out), "--responses", "dataset", "--exclude-eval", str(first),
+            "--states-dir", str(states), "--tap-layers", "1,5", "--limit", "3"]
+    data.main(argv)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and not {r["id"].removeprefix("orig:") for r in rows} & evaluation
+    store = FeatureStore(states)
+    assert store.layer_ids == [1, 5]
+    stored = {e["id"]: store[i]["input_ids"].tolist() for i, (_, e) in enumerate(store.items)}
+    assert stored == {r["id"]: r["input_ids"] for r in rows}
+    data.main(argv)  # resumed: nothing added
+    assert len(out.read_text().splitlines()) == 3

