@@ -13,11 +13,16 @@ def _num(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def strategy_table(strategies: dict[str, dict]) -> str:
+def strategy_table(strategies: dict[str, dict], mismatches: list[dict] = ()) -> str:
+    """One row per strategy; a greedy strategy that differs shows on how many prompts and, where the JSON records
+    it, after how many identical new tokens each first differed."""
     lines = ["| strategy | tau | tokens/s | speedup (median) | speedup (mean) | target fwd/token | loop overhead | "
              "output |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, s in strategies.items():
-        same = {None: "sampled", True: "= greedy"}.get(s["matches_greedy"], f"DIFFERS ({s['mismatched_prompts']})")
+        where = sorted(m["first_difference"] for m in mismatches if m["strategy"] == name and "first_difference" in m)
+        after = f"; after {', '.join(map(str, where))} tokens" if where else ""
+        same = {None: "sampled", True: "= greedy"}.get(s["matches_greedy"],
+                                                       f"DIFFERS ({s['mismatched_prompts']}{after})")
         overhead = "-" if s["loop_overhead_share"] is None else f"{100 * s['loop_overhead_share']:.1f}%"
         lines.append(f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {_num(s['speedup'], '.2f')}x | "
                      f"{_num(s['speedup_mean'], '.2f')}x | {s['target_forwards_per_token']:.3f} | "
@@ -40,7 +45,7 @@ def render(payload: dict) -> str:
     keys = ("prompts", "limit", "max_new_tokens", "dtype", "draft_layers", "temperatures")
     settings = ", ".join(f"{k}={st[k]}" for k in keys if st.get(k) is not None)
     out = [f"{m['cpu_threads']} CPU threads, {m['dtype']}; torch {m['torch']}, transformers {m['transformers']}; "
-           f"{settings}", "", strategy_table(payload["strategies"])]
+           f"{settings}", "", strategy_table(payload["strategies"], payload.get("mismatches", []))]
     names = [n for n in payload["strategies"] if not n.startswith("ar") and "oracle" not in n]
     if len(payload["per_category"]) > 1 and names:
         out += ["", category_table(payload["per_category"], names)]

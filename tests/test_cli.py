@@ -119,6 +119,15 @@ def test_bench_catches_a_wrong_token(model_dir, prompts_file, monkeypatch, capsy
     captured = capsys.readouterr()
     assert code == 1
     assert "MISMATCH" in captured.err and "DIFFERS" in captured.out
+    assert "after 5 identical new tokens" in captured.err  # the 6th (last) token was changed
+
+
+def test_first_difference():
+    t = torch.tensor
+    assert bench.first_difference(t([1, 2, 3]), t([1, 2, 4])) == 2
+    assert bench.first_difference(t([5, 2, 3]), t([1, 2, 3])) == 0
+    assert bench.first_difference(t([1, 2]), t([1, 2, 3])) == 2  # stopped early, e.g. at an eos
+    assert bench.first_difference(t([1, 2, 3]), t([1, 2, 3])) == 3
 
 
 @pytest.mark.parametrize(

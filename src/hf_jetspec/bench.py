@@ -185,7 +185,7 @@ def encode_prompt(tokenizer, text: str, chat: bool = True) -> torch.Tensor:
 class BenchResult:
     runs: list[Run] = field(default_factory=list)
     strategies: list[str] = field(default_factory=list)
-    mismatches: list[tuple[str, str]] = field(default_factory=list)
+    mismatches: list[tuple[str, str, int]] = field(default_factory=list)  # (prompt, strategy, first_difference)
 
     def summary(self, runs: list[Run] | None = None) -> dict[str, dict]:
         """Per strategy: tau, tokens_per_s, speedup (median and mean of per-prompt ratios vs plain generate at the
@@ -222,11 +222,20 @@ class BenchResult:
         return {c: self.summary([r for r in self.runs if r.category == c]) for c in categories}
 
 
+def first_difference(tokens: torch.Tensor, reference: torch.Tensor) -> int:
+    """How many leading new tokens ``tokens [n]`` and ``reference [m]`` share: the index of the first difference
+    (the shorter length when one is a prefix of the other)."""
+    n = min(len(tokens), len(reference))
+    differ = (tokens[:n] != reference[:n]).nonzero()
+    return int(differ[0, 0]) if len(differ) else n
+
+
 def benchmark(model, tokenizer, prompts: list[Prompt], strategies: list[Strategy], max_new_tokens: int,
               resources: Resources, chat: bool = True, warmup: bool = True,
-              on_mismatch: Callable[[str, str], None] | None = None) -> BenchResult:
+              on_mismatch: Callable[[str, str, int], None] | None = None) -> BenchResult:
     """Run every strategy on every prompt, interleaved, after one warm-up round. Per prompt and temperature plain
-    ``generate()`` runs first: the baseline, and (greedy) the reference every other output must equal."""
+    ``generate()`` runs first: the baseline, and (greedy) the reference every other output must equal. A greedy
+    output that differs is recorded (and passed to ``on_mismatch``) with its `first_difference`."""
     result = BenchResult(strategies=[s.name for s in strategies])
     encoded = [encode_prompt(tokenizer, p.text, chat).to(model.device) for p in prompts]
     if warmup and encoded:
@@ -246,9 +255,10 @@ def benchmark(model, tokenizer, prompts: list[Prompt], strategies: list[Strategy
             result.runs.append(Run(prompt.id, prompt.category, strategy.name, out.shape[1] - ids.shape[1], seconds,
                                    forwards, same, overhead, strategy.baseline))
             if same is False:
-                result.mismatches.append((prompt.id, strategy.name))
+                position = first_difference(out[0, ids.shape[1]:], reference[0, ids.shape[1]:])
+                result.mismatches.append((prompt.id, strategy.name, position))
                 if on_mismatch is not None:
-                    on_mismatch(prompt.id, strategy.name)
+                    on_mismatch(prompt.id, strategy.name, position)
             bar.update()
     bar.close()
     return result
@@ -283,7 +293,7 @@ def write_json(path: str | Path, result: BenchResult, model, settings: dict) -> 
         "settings": settings,
         "strategies": result.summary(),
         "per_category": result.per_category(),
-        "mismatches": [{"prompt": p, "strategy": s} for p, s in result.mismatches],
+        "mismatches": [{"prompt": p, "strategy": s, "first_difference": d} for p, s, d in result.mismatches],
         "runs": [asdict(r) | {"tau": r.tau, "tokens_per_s": r.tokens_per_s} for r in result.runs],
     }
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -138,9 +138,10 @@ def cmd_bench(args) -> int:
     resources.draft_model = load_draft(args, model)
     exact = args.dtype == "float32"
 
-    def report(prompt_id, name):
+    def report(prompt_id, name, position):
         tag = "MISMATCH" if exact else "drift (expected in reduced precision)"
-        print(f"!!! {tag}: {name} differs from plain greedy on prompt {prompt_id}", file=sys.stderr)
+        print(f"!!! {tag}: {name} differs from plain greedy on prompt {prompt_id} after {position} identical new "
+              "tokens", file=sys.stderr)
 
     result = bench.benchmark(model, tokenizer, prompts, strategies, args.max_new_tokens, resources,
                              chat=args.chat, on_mismatch=report)
