@@ -1,8 +1,10 @@
-"""Plot a training run's loss and held-out tau from a Trainer checkpoint's ``trainer_state.json``.
+"""Plot a training run's loss and held-out tau from Trainer checkpoints' ``trainer_state.json`` files.
 
-    python docs/plot_training.py runs/head/checkpoint-N/trainer_state.json docs/figures/training.png [STEP:LABEL ...]
+    python docs/plot_training.py runs/head/checkpoint-N/trainer_state.json [runs/next/...json@N ...] \
+        docs/figures/training.png [STEP:LABEL ...]
 
-Each optional ``STEP:LABEL`` draws a dashed line where the recipe changed (e.g. ``3500:"depth decay 4"``).
+A state file given as ``PATH@N`` is a later run started from step N of the previous one (its steps are shifted by
+N). Each optional ``STEP:LABEL`` draws a dashed line where the recipe changed (e.g. ``3500:"depth decay 4"``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot(state_path: str, out_path: str, marks: list[tuple[int, str]] = ()) -> None:
-    history = json.load(open(state_path))["log_history"]
-    loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
-    tau = [(h["step"], h["eval_tau"]) for h in history if "eval_tau" in h]
+def plot(state_paths: list[str], out_path: str, marks: list[tuple[int, str]] = ()) -> None:
+    loss, tau = [], []
+    for spec in state_paths:
+        path, _, offset = spec.partition("@")
+        history = json.load(open(path))["log_history"]
+        loss += [(int(offset or 0) + h["step"], h["loss"]) for h in history if "loss" in h]
+        tau += [(int(offset or 0) + h["step"], h["eval_tau"]) for h in history if "eval_tau" in h]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(*zip(*loss), color="tab:blue")
     ax.set_xlabel("step")
@@ -38,5 +43,8 @@ def plot(state_path: str, out_path: str, marks: list[tuple[int, str]] = ()) -> N
 
 
 if __name__ == "__main__":
-    marks = [(int(step), label) for step, _, label in (m.partition(":") for m in sys.argv[3:])]
-    plot(sys.argv[1], sys.argv[2], marks)
+    args = sys.argv[1:]
+    states = [a for a in args if a.partition("@")[0].endswith(".json")]
+    out = next(a for a in args if a.endswith(".png"))
+    marks = [(int(step), label) for step, _, label in (m.partition(":") for m in args if ":" in m and m not in states)]
+    plot(states, out, marks)
