@@ -55,7 +55,8 @@ def depth_accuracy(head: JetSpecHead, target, sequences: list[dict]) -> dict:
         greedy = target_lm_head(final[0].to(target_lm_head.weight.dtype)).argmax(-1)  # [T]: choice after t
         anchors = torch.arange(start, length - 1, device=device)[None]
         hidden = head_block_hidden(head, features, ids, anchors, drafter.embed)[0]  # [m, B, H]
-        predicted = drafter.lm_head(hidden.to(drafter.lm_head.weight.dtype)).argmax(-1)  # [m, B]
+        predicted = torch.cat([drafter.lm_head(part.to(drafter.lm_head.weight.dtype)).argmax(-1)  # [m, B]
+                               for part in hidden.split(32)])  # bounds the [m, B, V] logits
         positions = anchors[0][:, None] + torch.arange(size, device=device)  # slot k predicts token a + k
         valid = positions < length
         truth = greedy[(positions - 1).clamp(max=length - 1)]
