@@ -382,6 +382,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def tap_layers(args: argparse.Namespace, model) -> list[int]:
+    """The target layers whose states ``--states-dir`` records: ``--tap-layers`` or the head's default 3 taps."""
+    if args.tap_layers:
+        return [int(x) for x in args.tap_layers.split(",")]
+    return default_target_layer_ids(model.config.num_hidden_layers, 3)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads:
@@ -398,10 +405,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     random.Random(args.seed).shuffle(prompts)
     if args.reverse:
         prompts.reverse()
-    layer_ids = None
-    if args.states_dir:
-        layer_ids = ([int(x) for x in args.tap_layers.split(",")] if args.tap_layers
-                     else default_target_layer_ids(model.config.num_hidden_layers, 3))
+    layer_ids = tap_layers(args, model) if args.states_dir else None
     written = generate_responses(model, tokenizer, prompts, args.out, batch_size=args.batch_size,
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit,
                                  states_dir=args.states_dir, layer_ids=layer_ids)
@@ -426,9 +430,7 @@ def dataset_answers(args: argparse.Namespace, conversations: list[dict], model, 
     with open(args.out, "a", encoding="utf-8") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows if r["id"] not in done)
     if args.states_dir:
-        layer_ids = ([int(x) for x in args.tap_layers.split(",")] if args.tap_layers
-                     else default_target_layer_ids(model.config.num_hidden_layers, 3))
-        build_feature_store(model, rows, layer_ids, args.states_dir)
+        build_feature_store(model, rows, tap_layers(args, model), args.states_dir)
     print(f"{args.out}: {len(rows)} rows" + (f", states in {args.states_dir}" if args.states_dir else ""), flush=True)
 
 

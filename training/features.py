@@ -114,13 +114,12 @@ class FeatureStore:
         if not directories:
             raise ValueError("FeatureStore needs at least one directory")
         self.directories = [Path(d) for d in directories]
-        self.directory = self.directories[0]
         self.layer_ids = None
         self.items: list[tuple[Path, dict]] = []
         for directory in self.directories:
             layer_ids = json.loads((directory / "meta.json").read_text())["layer_ids"]
             if self.layer_ids is not None and layer_ids != self.layer_ids:
-                raise ValueError(f"feature store {directory} taps layers {layer_ids}, {self.directory} taps "
+                raise ValueError(f"feature store {directory} taps layers {layer_ids}, {self.directories[0]} taps "
                                  f"{self.layer_ids}: stores for one head must tap the same layers")
             self.layer_ids = layer_ids
             for path in sorted(directory.glob("shard_*.safetensors")):
