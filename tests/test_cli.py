@@ -149,7 +149,7 @@ def test_bad_arguments_give_one_line_errors(argv, message, prompts_file, capsys)
 
 def _training_data(model_dir, tmp_path, count=8):
     """(target, rows, JSONL path): ``count`` rows of the tiny target's own greedy answers to random prompts."""
-    from hf_jetspec.cli import load_target
+    from hf_jetspec.models import load_target
 
     target, _ = load_target(str(model_dir / "model"), "float32", None)
     rows = []

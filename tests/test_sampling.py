@@ -35,7 +35,9 @@ from hf_jetspec.decoding import jetspec as jetspec_module
 from hf_jetspec.decoding.jacobi import jacobi_generate
 from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.decoding.spec_jacobi import speculative_jacobi_generate
-from hf_jetspec.sampling import (draft_distributions, recursive_rejection, sample_without_replacement, sampled_tree)
+from hf_jetspec.sampling import (DEFAULT_SAMPLING_RULE, draft_distributions, recursive_rejection,
+                                 sample_without_replacement, sampled_tree)
+from hf_jetspec.strategies import get_strategy
 from hf_jetspec.tokens import TokenSelector
 from hf_jetspec.tree import best_first_tree, chain_tree
 
@@ -413,8 +415,8 @@ def test_bench_compares_the_two_sampling_rules():
     for strategy in bench.parse_strategies("jetspec,jetspec-rrs", [6], [0, 1.0]):
         if strategy.kind == "ar":
             continue
-        kwargs = bench._generate_kwargs(strategy, resources, None, 32)
-        rules[strategy.name] = kwargs["sampling_rule"]
+        kwargs = get_strategy(strategy.kind).generate_kwargs(resources, strategy.budget)
+        rules[strategy.name] = kwargs.get("sampling_rule", DEFAULT_SAMPLING_RULE)
     assert rules == {"jetspec@6": "match", "jetspec-rrs@6": "rrs", "jetspec@6/T1": "match",
                      "jetspec-rrs@6/T1": "rrs"}
     greedy = bench.parse_strategies("jetspec,jetspec-rrs", [6])

@@ -9,7 +9,7 @@ from helpers import assert_same_tokens
 
 import hf_jetspec
 from hf_jetspec import JetSpecHead, OracleDrafter
-from hf_jetspec.bench import encode_prompt
+from hf_jetspec.prompts import encode_prompt
 from hf_jetspec.models import default_head, default_model
 
 pytestmark = pytest.mark.slow

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_jetspec.config import default_target_layer_ids
-from hf_jetspec.cli import load_target
+from hf_jetspec.models import load_target
 from hf_jetspec.prompts import is_held_out
 
 from .features import build_feature_store, read_jsonl, split_rows

@@ -79,7 +79,7 @@ def _sequences(rows: list[dict], store: FeatureStore | None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from hf_jetspec.cli import load_target
+    from hf_jetspec.models import load_target
 
     p = argparse.ArgumentParser(description="Teacher-forced acceptance per depth: held-out vs training rows")
     p.add_argument("--head", required=True, help="head folder (or Hub id)")

@@ -236,7 +236,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from hf_jetspec.cli import load_target
+    from hf_jetspec.models import load_target
     from hf_jetspec.models import SMOLLM2_HUB_ID
 
     args = parse_args(argv)

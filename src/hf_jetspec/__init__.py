@@ -10,16 +10,10 @@ from .head import JetSpecHead
 from .integration import enable
 from .models import default_head, default_model
 from .outputs import DecodingStats, JetSpecGenerateOutput
+from .strategies import DECODING_FUNCTIONS, STRATEGIES
 from .tree import DraftTree, best_first_tree, chain_tree
 
 __version__ = "0.1.0"
-
-# Decoding strategies by name (used by the custom_generate folder and the CLI).
-DECODING_FUNCTIONS = {
-    "jetspec": jetspec_generate,
-    "jacobi": jacobi_generate,
-    "spec-jacobi": speculative_jacobi_generate,
-}
 
 
 def custom_generate_path() -> str:
@@ -43,6 +37,7 @@ __all__ = [
     "OracleDrafter",
     "best_first_tree",
     "DECODING_FUNCTIONS",
+    "STRATEGIES",
     "chain_tree",
     "custom_generate_path",
     "default_head",

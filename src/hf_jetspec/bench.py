@@ -27,24 +27,17 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
-from .decoding.jacobi import jacobi_generate
-from .decoding.jetspec import jetspec_generate
-from .decoding.spec_jacobi import speculative_jacobi_generate
-from .drafters import OracleDrafter
-from .prompts import Prompt
+from .prompts import Prompt, encode_prompt
+from .strategies import STRATEGIES, Resources, get_strategy
 
-STRATEGY_KINDS = ("ar", "prompt-lookup", "assisted", "jacobi", "jacobi-pad", "jacobi-pool", "spec-jacobi", "jetspec",
-                  "jetspec-chain", "jetspec-rrs", "jetspec-oracle")
-# jacobi: n-gram-lookup initialisation (the default); jacobi-pad: the textbook pad initialisation; jacobi-pool: plus
-# a Lookahead-style n-gram pool verified in the same forward.
-# jetspec: tree, the default sampling rule ("sample, then match"); jetspec-rrs: tree, recursive-rejection sampling
-# (the same as jetspec when greedy); jetspec-chain: linear draft; jetspec-oracle: drafts plain greedy's own output.
-HEAD_KINDS = ("jetspec", "jetspec-chain", "jetspec-rrs")  # the kinds that draft with a JetSpec head
+STRATEGY_KINDS = tuple(STRATEGIES)
+HEAD_KINDS = tuple(name for name, spec in STRATEGIES.items() if "head" in spec.needs)  # draft with a JetSpec head
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """``kind`` from `STRATEGY_KINDS`; ``budget``: tree budget for JetSpec kinds; ``temperature``: 0 = greedy."""
+    """``kind``: a name in the strategy registry; ``budget``: tree budget of budgeted kinds; ``temperature``: 0 =
+    greedy."""
 
     kind: str
     budget: int | None = None
@@ -65,33 +58,20 @@ def parse_strategies(text: str, budgets: list[int], temperatures: list[float] = 
     """``"ar,jetspec,prompt-lookup"`` -> strategies; JetSpec kinds expand over ``budgets``, everything over
     ``temperatures``. Each temperature's ``ar`` comes first in its group."""
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in STRATEGY_KINDS]
-    if unknown:
-        raise ValueError(f"Unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGY_KINDS)}")
+    specs = [get_strategy(k) for k in kinds]
     if any(t < 0 for t in temperatures):
         raise ValueError(f"Temperatures must be >= 0 (0 = greedy), got {list(temperatures)}")
     out = []
     for temperature in dict.fromkeys(float(t) for t in temperatures):
         out.append(Strategy("ar", temperature=temperature))
-        for kind in kinds:
-            if kind == "ar":
+        for spec in specs:
+            if spec.name == "ar":
                 continue
-            if kind.startswith("jetspec"):
-                out += [Strategy(kind, b, temperature) for b in budgets]
+            if spec.budgeted:
+                out += [Strategy(spec.name, b, temperature) for b in budgets]
             else:
-                out.append(Strategy(kind, temperature=temperature))
+                out.append(Strategy(spec.name, temperature=temperature))
     return out
-
-
-@dataclass
-class Resources:
-    """What the strategies need besides the target: the head, a draft model, decoding settings."""
-
-    head: object | None = None
-    draft_model: object | None = None
-    block_size: int = 16
-    prompt_lookup_tokens: int = 10
-    jacobi_pool: int = 8  # pool n-grams verified per forward by 'jacobi-pool'
 
 
 @dataclass
@@ -126,39 +106,12 @@ def count_forwards(model):
         handle.remove()
 
 
-def _generate_kwargs(strategy: Strategy, resources: Resources, reference: torch.Tensor | None, vocab: int) -> dict:
-    kind = strategy.kind
-    if kind == "ar":
-        return {}
-    if kind == "prompt-lookup":
-        return {"prompt_lookup_num_tokens": resources.prompt_lookup_tokens}
-    if kind == "assisted":
-        if resources.draft_model is None:
-            raise ValueError("The 'assisted' strategy needs --draft-model")
-        return {"assistant_model": resources.draft_model}
-    if kind.startswith("jacobi"):
-        options = {"jacobi-pad": {"init": "pad"}, "jacobi-pool": {"ngram_pool": resources.jacobi_pool}}.get(kind, {})
-        return {"custom_generate": jacobi_generate, "return_dict_in_generate": True} | options
-    if kind == "spec-jacobi":
-        if resources.draft_model is None:
-            raise ValueError("The 'spec-jacobi' strategy needs --draft-model")
-        return {"custom_generate": speculative_jacobi_generate, "draft_model": resources.draft_model,
-                "return_dict_in_generate": True}
-    common = {"custom_generate": jetspec_generate, "tree_budget": strategy.budget, "return_dict_in_generate": True}
-    if kind == "jetspec-oracle":
-        return common | {"drafter": OracleDrafter(reference, vocab, resources.block_size)}
-    if resources.head is None:
-        raise ValueError(f"The {kind!r} strategy needs a draft head")
-    builder = "chain" if kind == "jetspec-chain" else "best_first"
-    rule = "rrs" if kind == "jetspec-rrs" else "match"
-    return common | {"draft_head": resources.head, "tree_builder": builder, "sampling_rule": rule}
-
-
 def run_strategy(model, input_ids: torch.Tensor, strategy: Strategy, max_new_tokens: int, resources: Resources,
                  reference: torch.Tensor | None = None, seed: int = 0) -> tuple[torch.Tensor, float, int, float | None]:
     """Generate with ``strategy`` (greedily, or sampling at its temperature after ``torch.manual_seed(seed)``);
     return (sequence [1, T], seconds, target forwards, overhead share)."""
-    kwargs = _generate_kwargs(strategy, resources, reference, model.get_output_embeddings().weight.shape[0])
+    vocab = model.get_output_embeddings().weight.shape[0]
+    kwargs = get_strategy(strategy.kind).generate_kwargs(resources, strategy.budget, reference, vocab)
     if strategy.temperature > 0:
         kwargs |= {"do_sample": True, "temperature": strategy.temperature}
         torch.manual_seed(seed)
@@ -171,14 +124,6 @@ def run_strategy(model, input_ids: torch.Tensor, strategy: Strategy, max_new_tok
     stats = getattr(out, "stats", None)
     sequences = out.sequences if hasattr(out, "sequences") else out
     return sequences, seconds, forwards[0], None if stats is None else stats.overhead_share
-
-
-def encode_prompt(tokenizer, text: str, chat: bool = True) -> torch.Tensor:
-    if chat and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
-    return tokenizer(text, return_tensors="pt")["input_ids"]
 
 
 @dataclass

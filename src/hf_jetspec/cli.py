@@ -8,87 +8,53 @@ import time
 
 import torch
 
-from .bench import STRATEGY_KINDS
 from .cpu import tune_mkl
+from .models import DTYPES
+from .strategies import STRATEGIES
 
-STRATEGIES = ("jetspec", "jacobi", "spec-jacobi", "ar")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Strategies `generate` can run (the oracle needs plain greedy's output: benchmark only).
+GENERATE_STRATEGIES = tuple(name for name, spec in STRATEGIES.items() if "reference" not in spec.needs)
 
 
 class CLIError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-def load_target(path: str | None, dtype: str, device: str | None):
-    """(model, tokenizer): ``path`` (an HF folder or Hub id) or the embedded default SmolLM2-135M-Instruct."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .models import default_model
-
-    if path is None:
-        return default_model(DTYPES[dtype], device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
-    if device is not None:
-        model = model.to(device)
-    return model.eval(), AutoTokenizer.from_pretrained(path)
+def _note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
 
 
-def load_head(path: str | None, model, quiet: bool = False):
-    """The head at ``path``; else the shipped default head for the default model; else an untrained head."""
-    from .head import JetSpecHead
-    from .models import default_head, head_dtype
+def load_resources(args, model, names):
+    """The `Resources` the strategies ``names`` need: the head (``--head`` or the shipped default) and the draft
+    model (``--draft-model`` / ``--draft-layers``)."""
+    from .models import load_draft, load_head
+    from .strategies import Resources
 
-    if path is not None:
-        head = JetSpecHead.from_pretrained(path)
-    else:
-        head = default_head(model)
-        if head is None:
-            if not quiet:
-                print("note: no trained head ships for this model: using an UNTRAINED head (tau ~ 1, no speedup)",
-                      file=sys.stderr)
-            torch.manual_seed(0)
-            head = JetSpecHead.for_target(model)
-    param = next(model.parameters())
-    head = head.to(device=param.device, dtype=head_dtype(param))
-    head.check_target(model)
-    return head
-
-
-def load_draft(args, model):
-    """The draft model for spec-jacobi / assisted: ``--draft-model PATH`` or ``--draft-layers K`` (the target's own
-    first K layers, `hf_jetspec.models.truncated_draft`); None when neither is given."""
-    from .models import truncated_draft
-
-    if args.draft_layers:
-        return truncated_draft(model, args.draft_layers)
-    return load_target(args.draft_model, args.dtype, args.device)[0] if args.draft_model else None
+    needs = {need for name in names for need in STRATEGIES[name].needs}
+    resources = Resources(block_size=getattr(args, "oracle_block", 16))
+    if "head" in needs:
+        resources.head = load_head(args.head, model, on_untrained=_note)
+    resources.draft_model = load_draft(model, args.draft_model, args.draft_layers, args.dtype, args.device)
+    return resources
 
 
 def cmd_generate(args) -> int:
     from transformers import TextStreamer
 
-    from .bench import encode_prompt
-    from .decoding.jacobi import jacobi_generate
-    from .decoding.jetspec import jetspec_generate
-    from .decoding.spec_jacobi import speculative_jacobi_generate
+    from .models import load_target
+    from .prompts import encode_prompt
 
     model, tokenizer = load_target(args.model, args.dtype, args.device)
     ids = encode_prompt(tokenizer, args.prompt, chat=args.chat).to(model.device)
+    spec = STRATEGIES[args.strategy]
+    if "draft_model" in spec.needs and not (args.draft_model or args.draft_layers):
+        raise CLIError(f"--strategy {args.strategy} needs --draft-model (a model with the same tokenizer) or "
+                       "--draft-layers K")
+    resources = load_resources(args, model, [args.strategy])
     kwargs = dict(do_sample=False, max_new_tokens=args.max_new_tokens)
-    if args.strategy == "jetspec":
-        head = load_head(args.head, model)
-        kwargs |= dict(custom_generate=jetspec_generate, draft_head=head, tree_budget=args.budget,
-                       return_dict_in_generate=True)
-    elif args.strategy == "jacobi":
-        kwargs |= dict(custom_generate=jacobi_generate, return_dict_in_generate=True)
-    elif args.strategy == "spec-jacobi":
-        draft = load_draft(args, model)
-        if draft is None:
-            raise CLIError("--strategy spec-jacobi needs --draft-model (a model with the same tokenizer) or "
-                           "--draft-layers K")
-        kwargs |= dict(custom_generate=speculative_jacobi_generate, draft_model=draft, return_dict_in_generate=True)
+    kwargs |= spec.generate_kwargs(resources, args.budget)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    stream_key = "streamer" if args.strategy == "ar" else "token_streamer"
+    stream_key = "token_streamer" if spec.function is not None else "streamer"
     if args.compare:  # warm both paths up first, so neither timing pays for first-call setup
         model.generate(ids, **(kwargs | {"max_new_tokens": 4}))
         model.generate(ids, do_sample=False, max_new_tokens=4)
@@ -131,11 +97,10 @@ def cmd_bench(args) -> int:
     )
     if not prompts:
         raise CLIError(f"No prompts in {args.prompts}")
+    from .models import load_target
+
     model, tokenizer = load_target(args.model, args.dtype, args.device)
-    resources = bench.Resources(block_size=args.oracle_block)
-    if any(s.kind in bench.HEAD_KINDS for s in strategies):
-        resources.head = load_head(args.head, model)
-    resources.draft_model = load_draft(args, model)
+    resources = load_resources(args, model, {s.kind for s in strategies})
     exact = args.dtype == "float32"
 
     def report(prompt_id, name, position):
@@ -183,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="stream a completion and report tau and tokens/s")
     model_args(g)
-    g.add_argument("--strategy", choices=STRATEGIES, default="jetspec")
+    g.add_argument("--strategy", choices=GENERATE_STRATEGIES, default="jetspec")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--budget", type=int, default=None, help="tree budget (default: the head's)")
     g.add_argument("--draft-model", default=None, help="draft model (same tokenizer) for --strategy spec-jacobi")
@@ -200,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--category-field", default=None, help="JSONL field holding the category")
     b.add_argument("--limit", type=int, default=None, help="prompts per category")
     b.add_argument("--max-new-tokens", type=int, default=128)
-    b.add_argument("--strategies", default="ar,jetspec", help="comma list of: " + ", ".join(STRATEGY_KINDS))
+    b.add_argument("--strategies", default="ar,jetspec", help="comma list of: " + ", ".join(STRATEGIES))
     b.add_argument("--budgets", default="32", help="comma list of JetSpec tree budgets")
     b.add_argument("--temperatures", default="0",
                    help="comma list of temperatures: 0 = greedy (outputs checked against plain greedy), > 0 = every "

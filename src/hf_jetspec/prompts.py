@@ -8,6 +8,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -90,3 +92,12 @@ def limit_per_category(prompts: list[Prompt], limit: int | None) -> list[Prompt]
             seen[prompt.category] = seen.get(prompt.category, 0) + 1
             out.append(prompt)
     return out
+
+
+def encode_prompt(tokenizer, text: str, chat: bool = True) -> torch.Tensor:
+    """Token ids ``[1, T]`` of ``text`` as a one-turn user chat (when ``chat`` and the tokenizer has a template)."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    return tokenizer(text, return_tensors="pt")["input_ids"]

@@ -8,10 +8,11 @@ import hf_jetspec
 
 
 def generate(model, *args, strategy="jetspec", **kwargs):
-    functions = hf_jetspec.DECODING_FUNCTIONS
-    if strategy not in functions:
-        raise ValueError(f"Unknown strategy {strategy!r}; choose from {sorted(functions)}")
+    spec = hf_jetspec.STRATEGIES.get(strategy)
+    if spec is None or spec.function is None or "reference" in spec.needs:
+        runnable = [name for name, s in hf_jetspec.STRATEGIES.items() if s.function and "reference" not in s.needs]
+        raise ValueError(f"Unknown strategy {strategy!r}; choose from {runnable}")
     streamer = kwargs.pop("streamer", None)
     if streamer is not None:  # generate() does not forward `streamer` to callables: hand it over explicitly
         kwargs["token_streamer"] = streamer
-    return model.generate(*args, custom_generate=functions[strategy], **kwargs)
+    return model.generate(*args, custom_generate=spec.function, **(spec.options | kwargs))

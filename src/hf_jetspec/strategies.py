@@ -1,0 +1,105 @@
+"""The one registry of decoding strategies: name -> how ``model.generate()`` runs it.
+
+Used by the package (``hf_jetspec.DECODING_FUNCTIONS``, the ``custom_generate`` folder), the CLI (``generate
+--strategy``) and the benchmark (``bench --strategies``). Adding a strategy is one `StrategySpec` entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .decoding.jacobi import jacobi_generate
+from .decoding.jetspec import jetspec_generate
+from .decoding.spec_jacobi import speculative_jacobi_generate
+from .drafters import OracleDrafter
+
+
+@dataclass
+class Resources:
+    """What strategies need besides the target: the head, a draft model, the reference output (oracle) and the
+    settings of the training-free baselines."""
+
+    head: object | None = None
+    draft_model: object | None = None
+    block_size: int = 16  # the oracle drafter's block
+    prompt_lookup_tokens: int = 10
+    jacobi_pool: int = 8  # pool n-grams verified per forward by 'jacobi-pool'
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """``function``: the ``custom_generate`` callable (None: transformers' own decoding, steered by ``options``);
+    ``options``: fixed extra ``generate()`` kwargs; ``tuned``: kwargs taken from the `Resources` settings;
+    ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``) or ``"reference"`` (plain greedy's
+    output: benchmark only); ``budgeted``: takes a tree budget (the benchmark expands it over ``--budgets``)."""
+
+    name: str
+    description: str
+    function: Callable | None = None
+    options: dict = field(default_factory=dict)
+    tuned: Callable[[Resources], dict] | None = None
+    needs: tuple[str, ...] = ()
+    budgeted: bool = False
+
+    def generate_kwargs(self, resources: Resources, budget: int | None = None,
+                        reference: torch.Tensor | None = None, vocab: int | None = None) -> dict:
+        """The kwargs that make ``model.generate()`` run this strategy (``do_sample`` and lengths not included)."""
+        kwargs = dict(self.options) | (self.tuned(resources) if self.tuned is not None else {})
+        if self.function is not None:
+            kwargs |= {"custom_generate": self.function, "return_dict_in_generate": True}
+        if self.budgeted:
+            kwargs["tree_budget"] = budget
+        if "head" in self.needs:
+            if resources.head is None:
+                raise ValueError(f"The {self.name!r} strategy needs a draft head")
+            kwargs["draft_head"] = resources.head
+        if "draft_model" in self.needs:
+            if resources.draft_model is None:
+                raise ValueError(f"The {self.name!r} strategy needs a draft model (--draft-model or --draft-layers)")
+            kwargs["assistant_model" if self.function is None else "draft_model"] = resources.draft_model
+        if "reference" in self.needs:
+            if reference is None:
+                raise ValueError(f"The {self.name!r} strategy needs the reference output (benchmark only)")
+            kwargs["drafter"] = OracleDrafter(reference, vocab, resources.block_size)
+        return kwargs
+
+
+def _registry(*specs: StrategySpec) -> dict[str, StrategySpec]:
+    return {spec.name: spec for spec in specs}
+
+
+STRATEGIES: dict[str, StrategySpec] = _registry(
+    StrategySpec("ar", "plain generate() (the baseline)"),
+    StrategySpec("prompt-lookup", "transformers' prompt lookup decoding (n-gram match in the prompt, a chain)",
+                 tuned=lambda r: {"prompt_lookup_num_tokens": r.prompt_lookup_tokens}),
+    StrategySpec("assisted", "transformers' assisted decoding with a draft model", needs=("draft_model",)),
+    StrategySpec("jacobi", "Jacobi decoding, new slots guessed by n-gram lookup", jacobi_generate),
+    StrategySpec("jacobi-pad", "Jacobi decoding, textbook pad initialisation", jacobi_generate, {"init": "pad"}),
+    StrategySpec("jacobi-pool", "Jacobi decoding plus a Lookahead-style n-gram pool", jacobi_generate,
+                 tuned=lambda r: {"ngram_pool": r.jacobi_pool}),
+    StrategySpec("spec-jacobi", "speculative Jacobi decoding with a draft model", speculative_jacobi_generate,
+                 needs=("draft_model",)),
+    StrategySpec("jetspec", "JetSpec tree decoding with the draft head", jetspec_generate, needs=("head",),
+                 budgeted=True),
+    StrategySpec("jetspec-chain", "JetSpec with a linear draft (chain)", jetspec_generate,
+                 {"tree_builder": "chain"}, needs=("head",), budgeted=True),
+    StrategySpec("jetspec-rrs", "JetSpec tree, recursive-rejection sampling rule", jetspec_generate,
+                 {"sampling_rule": "rrs"}, needs=("head",), budgeted=True),
+    StrategySpec("jetspec-oracle", "JetSpec drafting plain greedy's own output (upper bound)", jetspec_generate,
+                 needs=("reference",), budgeted=True),
+)
+
+# The custom_generate callables by name: every strategy a user can run by name (the oracle needs a reference).
+DECODING_FUNCTIONS: dict[str, Callable] = {
+    name: spec.function for name, spec in STRATEGIES.items() if spec.function is not None and not spec.options
+    and spec.tuned is None and "reference" not in spec.needs
+}
+
+
+def get_strategy(name: str) -> StrategySpec:
+    if name not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
