@@ -131,9 +131,12 @@ def test_drafter_is_asked_for_the_depth_the_tree_can_use(budget):
         def start(self) -> None:
             pass
 
-        def propose(self, ids, new_features, depth):
+        def observe(self, features, visited) -> None:
+            pass
+
+        def propose(self, ids, depth):
             asked.append((ids.shape[1], depth))
-            return oracle.propose(ids, new_features, depth)
+            return oracle.propose(ids, depth)
 
     out = jetspec(model, prompt, drafter=Recording(), tree_budget=budget, max_new_tokens=23)
     assert_same_tokens(reference, out)

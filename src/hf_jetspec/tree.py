@@ -8,9 +8,25 @@ the token sequence on the path root -> i.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+
+def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
+    """Ancestor-or-self matrix ``bool [N, N]`` (``[i, j]`` iff node j is node i or one of its ancestors) from
+    ``parents [N]`` (-1 for the root, ``parents[i] < i``), by pointer doubling: O(N^2 log N) tensor work, no Python
+    loop over nodes. The one ancestor routine: the dense attention mask and the kernel's `TreeMeta` both use it."""
+    n = parents.numel()
+    reach = torch.eye(n, dtype=torch.bool, device=parents.device)  # ancestors at distance < 2^k
+    jump = parents.long().clone()  # 2^k-th ancestor, -1 past the root
+    for _ in range(max(1, math.ceil(math.log2(max(n, 2))))):
+        has_jump = jump >= 0
+        target = jump.clamp(min=0)
+        reach = reach | (reach[target] & has_jump[:, None])  # ancestors of my 2^k-th ancestor, within 2^k more
+        jump = torch.where(has_jump, jump[target], jump)
+    return reach
 
 
 @dataclass
@@ -50,14 +66,44 @@ class DraftTree:
             out.append(parents[out[-1]])
         return out[::-1]
 
+    @classmethod
+    def from_lists(cls, tokens: list[int], parents: list[int], depths: list[int], scores: list[float] | None = None,
+                   device=None) -> "DraftTree":
+        """A tree from Python lists (node order = list order; ``scores`` default 0)."""
+        scores = [0.0] * len(tokens) if scores is None else scores
+        return cls(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            parents=torch.tensor(parents, dtype=torch.long, device=device),
+            depths=torch.tensor(depths, dtype=torch.long, device=device),
+            scores=torch.tensor(scores, dtype=torch.float32, device=device),
+        )
+
+    @classmethod
+    def from_branches(cls, anchor: int, branches: list[list[int]], device=None) -> tuple["DraftTree", list[int]]:
+        """The trie rooted at ``anchor`` holding every branch (token lists; shared prefixes merged). Also returns
+        the node of each depth of the first branch (root first)."""
+        tokens, parents, depths, children = [anchor], [-1], [0], [{}]
+        first = [0]
+        for b, branch in enumerate(branches):
+            node = 0
+            for token in branch:
+                child = children[node].get(token)
+                if child is None:
+                    child = children[node][token] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                    depths.append(depths[node] + 1)
+                    children.append({})
+                node = child
+                if b == 0:
+                    first.append(node)
+        tree = cls.from_lists(tokens, parents, depths, device=device)
+        tree.children = children
+        return tree, first
+
     def ancestors(self) -> torch.Tensor:
-        """Bool ``[N, N]``: ``[i, j]`` iff node j is node i or one of its ancestors."""
-        n = len(self)
-        anc = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
-        for node, parent in enumerate(self.parents.tolist()):
-            if parent >= 0:
-                anc[node] |= anc[parent]
-        return anc
+        """Bool ``[N, N]``: ``[i, j]`` iff node j is node i or one of its ancestors (`ancestor_matrix`)."""
+        return ancestor_matrix(self.parents)
 
     def position_ids(self, prefix_len: int) -> torch.Tensor:
         """``[1, N]`` positions: prefix length + depth."""
@@ -74,15 +120,6 @@ class DraftTree:
         visible[:, prefix_len : prefix_len + n] = self.ancestors()
         mask = torch.zeros(n, key_len, dtype=dtype, device=self.tokens.device)
         return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
-
-
-def _make_tree(tokens: list[int], parents: list[int], depths: list[int], scores: list[float], device) -> DraftTree:
-    return DraftTree(
-        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-        parents=torch.tensor(parents, dtype=torch.long, device=device),
-        depths=torch.tensor(depths, dtype=torch.long, device=device),
-        scores=torch.tensor(scores, dtype=torch.float32, device=device),
-    )
 
 
 def best_first_tree(anchor: int, logits: torch.Tensor, budget: int, width: int = 8, max_depth: int | None = None) -> DraftTree:
@@ -117,7 +154,7 @@ def best_first_tree(anchor: int, logits: torch.Tensor, budget: int, width: int =
             if depth < depth_limit:
                 heapq.heappush(heap, (-(scores[node] + top_lp[depth][0]), node, 0, counter))
                 counter += 1
-    return _make_tree(tokens, parents, depths, scores, logits.device)
+    return DraftTree.from_lists(tokens, parents, depths, scores, logits.device)
 
 
 def chain_tree(anchor: int, logits: torch.Tensor, budget: int, width: int = 1, max_depth: int | None = None) -> DraftTree:
@@ -129,9 +166,49 @@ def chain_tree(anchor: int, logits: torch.Tensor, budget: int, width: int = 1, m
     length = min(budget - 1, depth_limit)
     lp, ids = torch.log_softmax(logits[:length].float(), dim=-1).max(dim=-1)
     cum = torch.cumsum(lp, 0).tolist() if length else []
-    return _make_tree(
+    return DraftTree.from_lists(
         [anchor] + ids.tolist(), list(range(-1, length)), list(range(length + 1)), [0.0] + cum, logits.device
     )
+
+
+def sample_without_replacement(q: torch.Tensor, count: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``count`` successive draws without replacement from ``q [V]`` (each from q renormalised over the tokens not
+    yet drawn: Plackett-Luce order); at most as many as q has tokens of nonzero probability. Returns ``[<= count]``."""
+    count = min(count, int((q > 0).sum()))
+    if count == 0:
+        return torch.empty(0, dtype=torch.long, device=q.device)
+    return torch.multinomial(q, count, replacement=False, generator=generator)
+
+
+def sampled_tree(shape: DraftTree, q: torch.Tensor, generator: torch.Generator | None = None) -> DraftTree:
+    """Redraw the tokens of ``shape`` (a tree built from ``log q``, children listed in rank order): the children
+    of every node become draws without replacement from ``q[depth]`` (``q [D, V]``: row d-1 for depth d), in
+    draw order. Children beyond q's support are dropped with their subtrees. ``scores``: accumulated log q."""
+    parents, depths = shape.parents.tolist(), shape.depths.tolist()
+    drawn: dict[int, list[int]] = {}  # parent -> its drawn child tokens, in draw order
+    tokens, new_parents, new_depths = [int(shape.tokens[0])], [-1], [0]
+    index = {0: 0}  # shape node -> new node
+    rank = [0] * len(parents)
+    for node in range(1, len(parents)):
+        parent, row = parents[node], depths[node] - 1
+        if parent not in index:
+            continue
+        if parent not in drawn:
+            drawn[parent] = sample_without_replacement(q[row], len(shape.children[parent]), generator).tolist()
+        r = rank[parent]
+        rank[parent] += 1
+        if r >= len(drawn[parent]):
+            continue
+        index[node] = len(tokens)
+        tokens.append(drawn[parent][r])
+        new_parents.append(index[parent])
+        new_depths.append(depths[node])
+    depths_t = torch.tensor(new_depths, dtype=torch.long, device=q.device)
+    step = q[(depths_t[1:] - 1), torch.tensor(tokens[1:], dtype=torch.long, device=q.device)].log().tolist()
+    scores = [0.0]
+    for parent, value in zip(new_parents[1:], step):
+        scores.append(scores[parent] + value)
+    return DraftTree.from_lists(tokens, new_parents, new_depths, scores, shape.tokens.device)
 
 
 TREE_BUILDERS = {"best_first": best_first_tree, "chain": chain_tree}

@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import plan_tree_attention
-from ..cache import cache_kwarg, keep_positions, room_left
+from ..acceptance import DEFAULT_SAMPLING_RULE, accept, check_sampling_rule, draft_distributions
 from ..drafters import Drafter, HeadDrafter
-from ..features import FeatureTap
 from ..head import JetSpecHead
-from ..outputs import DecodingStats, Timer
-from ..sampling import DEFAULT_SAMPLING_RULE, check_sampling_rule, draft_distributions, rejection_walk, sampled_tree
-from ..tokens import TokenSelector, TokenWriter, remaining_tokens
-from ..tree import TREE_BUILDERS
-from ..verify import accept_walk, verify_tree
-from .common import prefill, validate_call
+from ..tree import TREE_BUILDERS, DraftTree, sampled_tree
+from .session import DecodingSession
 
 DEFAULT_TREE_BUDGET = 32
 DEFAULT_TREE_WIDTH = 8
@@ -87,53 +81,32 @@ def jetspec_generate(
     if tree_builder not in TREE_BUILDERS:
         raise ValueError(f"Unknown tree_builder {tree_builder!r}; choose from {sorted(TREE_BUILDERS)}")
     tree_budget, tree_width = tree_settings(draft_head, tree_budget, tree_width)
-    cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
     drafter = resolve_drafter(model, draft_head, drafter)
     build_tree = TREE_BUILDERS[tree_builder]
     rejection = check_sampling_rule(sampling_rule) == "rrs" and bool(generation_config.do_sample)
-    plan = plan_tree_attention(model, tree_kernel)
-    cache_key = cache_kwarg(model)
-    selector = TokenSelector(logits_processor, generation_config, generator)
-    writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer, token_streamer)
-    timer, stats = Timer(input_ids.device), DecodingStats()
 
-    start = timer.now()
-    drafter.start()
-    with FeatureTap(model, drafter.layer_ids) as tap:
-        logits = prefill(model, input_ids, model_kwargs)
-        features = tap.features()
-        stats.prefill_time = timer.now() - start
-        scores = selector.scores(writer.ids, logits)
-        writer.emit(selector.choose(scores), scores, logits)
-        prefix = input_ids.shape[1]
-        while not writer.finished:
-            writer.flush()
-            budget = min(tree_budget, room_left(cache, prefix) or tree_budget)
-            depth = min(drafter.block_size - 1, remaining_tokens(writer, generation_config) - 1, budget - 1)
-            t0 = timer.now()
-            draft = drafter.propose(writer.ids, None if features is None else features[0], depth)
-            t1 = timer.now()
-            if rejection:
-                q = draft_distributions(selector, writer.ids, draft[:depth])
-                shape = build_tree(int(writer.ids[0, -1]), q.log(), budget, width=tree_width, max_depth=depth)
-                tree = sampled_tree(shape, q, selector.generator)
-            else:
-                tree = build_tree(int(writer.ids[0, -1]), draft, budget, width=tree_width, max_depth=depth)
-            t2 = timer.now()
-            logits = verify_tree(model, tree, cache, prefix, plan, cache_key)
-            features = tap.features()
-            t3 = timer.now()
-            before = writer.length
-            if rejection:
-                visited = rejection_walk(tree, logits, q, selector, writer)
-            else:
-                visited = accept_walk(tree, logits, selector, writer)
-            keep_positions(cache, prefix, visited)
-            if features is not None:
-                features = features[:, visited]
-            prefix += len(visited)
-            stats.accept_lengths.append(writer.length - before)
-            stats.draft_time += t1 - t0
-            stats.target_time += t3 - t2
-    stats.total_time = timer.now() - start
-    return writer.result(generation_config, cache, stats)
+    def draft_tree(session: DecodingSession) -> tuple[DraftTree, torch.Tensor | None]:
+        """This step's tree (and, for the "rrs" rule, the processed draft distributions it was drawn from)."""
+        budget = session.node_room(tree_budget)
+        depth = min(drafter.block_size - 1, budget - 1, session.max_depth())
+        with session.drafting():
+            draft = drafter.propose(session.ids, depth)
+        if not rejection:
+            return build_tree(session.anchor, draft, budget, width=tree_width, max_depth=depth), None
+        q = draft_distributions(session.selector, session.ids, draft[:depth])
+        shape = build_tree(session.anchor, q.log(), budget, width=tree_width, max_depth=depth)
+        return sampled_tree(shape, q, session.selector.generator), q
+
+    with DecodingSession(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                         streamer, model_kwargs, token_streamer=token_streamer, generator=generator,
+                         tree_kernel=tree_kernel, layer_ids=drafter.layer_ids) as session:
+        drafter.start()
+        session.prefill()
+        drafter.observe(session.features, None)
+        while not session.finished:
+            tree, q = draft_tree(session)
+            logits = session.verify(tree)
+            visited = accept(tree, logits, session.selector, session.writer, q)
+            session.commit(visited)
+            drafter.observe(session.features, visited)
+        return session.finish()
