@@ -319,8 +319,18 @@ def test_save_load_round_trip(corpus, tmp_path, name):
     rng = np.random.default_rng(2)
     for _ in range(20):
         context = rng.integers(0, 10, 6)
-        a, b = corpus.lookup(context, max_depth=4, max_occurrences=5), loaded.lookup(context, max_depth=4, max_occurrences=5)
+        a, b = (index.lookup(context, max_depth=4, max_occurrences=5) for index in (corpus, loaded))
         assert (a is None and b is None) or (a.paths() == b.paths() and a.totals == b.totals)
+
+
+def test_save_without_suffix_array_rebuilds_it(corpus, tmp_path):
+    full = corpus.save(tmp_path / "full.safetensors")
+    small = corpus.save(tmp_path / "small.safetensors", suffix_array=False)
+    assert small.stat().st_size < full.stat().st_size / 2
+    loaded = CorpusIndex.load(small, tokenizer=fake_tokenizer())
+    assert np.array_equal(loaded.suffix_array, corpus.suffix_array) and loaded.suffix_array.dtype == np.uint32
+    context = corpus.document(3)[:5]
+    assert loaded.lookup(context, max_depth=4).paths() == corpus.lookup(context, max_depth=4).paths()
 
 
 def test_fingerprint_is_stable_and_mismatch_is_refused(corpus, tmp_path):
@@ -328,7 +338,8 @@ def test_fingerprint_is_stable_and_mismatch_is_refused(corpus, tmp_path):
     assert tokenizer_fingerprint(fake_tokenizer()) == tokenizer_fingerprint(fake_tokenizer())
     assert tokenizer_fingerprint(fake_tokenizer()).startswith("sha256:")
     for other in (fake_tokenizer(rename=3), fake_tokenizer(size=11)):
-        with pytest.raises(ValueError, match=r"built for tokenizer sha256:\w+, not this tokenizer \(sha256:\w+\)") as info:
+        message = r"built for tokenizer sha256:\w+, not this tokenizer \(sha256:\w+\)"
+        with pytest.raises(ValueError, match=message) as info:
             CorpusIndex.load(file, tokenizer=other)
         assert str(file) in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ValueError, match="vocab size 10, not 12"):
@@ -365,6 +376,10 @@ def test_corrupt_files_are_refused(corpus, tmp_path):
     cases = {
         "format": ({"tokens": tokens, "suffix_array": sa, "doc_offsets": offsets}, {**meta, "format": "other"}),
         "version": ({"tokens": tokens, "suffix_array": sa, "doc_offsets": offsets}, {**meta, "format_version": "9"}),
+        "max_match": ({"tokens": tokens, "suffix_array": sa, "doc_offsets": offsets}, {**meta, "max_match": "0"}),
+        "no array": ({"tokens": tokens, "suffix_array": sa, "doc_offsets": offsets}, {**meta, "suffix_array": "x"}),
+        "rebuild offsets": ({"tokens": tokens, "doc_offsets": offsets[:-1].copy()},
+                            {**meta, "suffix_array": "rebuild"}),
         "missing": ({"tokens": tokens, "doc_offsets": offsets}, meta),
         "not sorted": ({"tokens": tokens, "suffix_array": sa[::-1].copy(), "doc_offsets": offsets}, meta),
         "separators": ({"tokens": np.where(tokens == 65535, 1, tokens).astype(np.uint16), "suffix_array": sa,
@@ -375,3 +390,15 @@ def test_corrupt_files_are_refused(corpus, tmp_path):
         save_file(tensors, str(file), metadata=metadata)
         with pytest.raises(ValueError, match="not a valid hf_jetspec datastore"):
             CorpusIndex.load(file)
+
+
+def test_auto_backend_falls_back_to_numpy(monkeypatch):
+    import hf_jetspec.suffix_index as module
+
+    docs = [[1, 2, 1, 2, 3], [2, 1, 2, 4]]
+    monkeypatch.setattr(module, "_divsufsort_available", lambda: False)
+    auto = CorpusIndex.build(docs, vocab_size=5, max_match=3)
+    plain = CorpusIndex.build(docs, vocab_size=5, max_match=3, backend="numpy")
+    assert np.array_equal(auto.suffix_array, plain.suffix_array)
+    with pytest.raises(ValueError, match="backend"):
+        CorpusIndex.build(docs, vocab_size=5, backend="other")

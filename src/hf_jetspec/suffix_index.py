@@ -323,6 +323,21 @@ def suffix_array_divsufsort(tokens: np.ndarray) -> np.ndarray:
     return np.asarray(pydivsufsort.divsufsort(np.ascontiguousarray(tokens)), dtype=np.int64)
 
 
+def corpus_suffix_array(tokens: np.ndarray, max_match: int, backend: str = "auto") -> np.ndarray:
+    """``[T - D]`` (uint32, or int64 past 2**32 tokens): the non-separator positions of a corpus ``tokens`` array,
+    sorted by at least their first ``max_match + 1`` tokens. ``backend``: "numpy", "divsufsort" or "auto"."""
+    if backend == "auto":
+        backend = "divsufsort" if _divsufsort_available() else "numpy"
+    if backend == "numpy":
+        order = suffix_array_numpy(tokens, max_match + 1)
+    elif backend == "divsufsort":
+        order = suffix_array_divsufsort(tokens)
+    else:
+        raise ValueError(f"unknown suffix array backend {backend!r} (numpy, divsufsort, auto)")
+    order = order[tokens[order] != np.iinfo(tokens.dtype).max]
+    return order.astype(np.uint32 if tokens.size < 2**32 else np.int64)
+
+
 def _divsufsort_available() -> bool:
     try:
         import pydivsufsort  # noqa: F401
@@ -368,23 +383,13 @@ class CorpusIndex:
                 raise ValueError(f"document {number} has token ids outside [0, {vocab_size})")
         lengths = np.array([doc.size + 1 for doc in docs], dtype=np.int64)
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        sep = np.iinfo(dtype).max
-        tokens = np.full(int(offsets[-1]), sep, dtype=dtype)
+        tokens = np.full(int(offsets[-1]), np.iinfo(dtype).max, dtype=dtype)
         if docs:
             body = np.ones(tokens.size, dtype=bool)
             body[offsets[1:] - 1] = False
             tokens[body] = np.concatenate(docs).astype(dtype)
-        if backend == "auto":
-            backend = "divsufsort" if _divsufsort_available() else "numpy"
-        if backend == "numpy":
-            order = suffix_array_numpy(tokens, max_match + 1)
-        elif backend == "divsufsort":
-            order = suffix_array_divsufsort(tokens)
-        else:
-            raise ValueError(f"unknown suffix array backend {backend!r} (numpy, divsufsort, auto)")
-        order = order[tokens[order] != sep]
-        sa_dtype = np.uint32 if tokens.size < 2**32 else np.int64
-        return cls(tokens, order.astype(sa_dtype), offsets, vocab_size, tokenizer_fingerprint, max_match)
+        return cls(tokens, corpus_suffix_array(tokens, max_match, backend), offsets, vocab_size,
+                   tokenizer_fingerprint, max_match)
 
     # -- facts ---------------------------------------------------------------------------------------------------
 
@@ -482,7 +487,8 @@ class CorpusIndex:
         where = f"datastore {self.path}" if self.path else "datastore"
         if isinstance(tokenizer_or_vocab_size, (int, np.integer)):
             if int(tokenizer_or_vocab_size) != self.vocab_size:
-                raise ValueError(f"{where} was built for vocab size {self.vocab_size}, not {int(tokenizer_or_vocab_size)}")
+                wanted = int(tokenizer_or_vocab_size)
+                raise ValueError(f"{where} was built for vocab size {self.vocab_size}, not {wanted}")
             return
         found = tokenizer_fingerprint(tokenizer_or_vocab_size)
         if found != self.tokenizer_fingerprint:
@@ -491,15 +497,20 @@ class CorpusIndex:
 
     # -- persistence ---------------------------------------------------------------------------------------------
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write ``path`` (a ``.safetensors`` file, or a folder that gets ``DATASTORE_FILE``); returns the file."""
+    def save(self, path: str | os.PathLike, suffix_array: bool = True) -> Path:
+        """Write ``path`` (a ``.safetensors`` file, or a folder that gets ``DATASTORE_FILE``); returns the file.
+        ``suffix_array=False`` stores only tokens and document offsets (a third of the size: 2 instead of 6 bytes
+        per token below 65,535 ids) and ``load`` rebuilds the suffix array (~0.1-1 s per million tokens)."""
         from safetensors.numpy import save_file
 
         file = datastore_path(path)
         file.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {"tokens": self.tokens, "suffix_array": self.suffix_array, "doc_offsets": self.doc_offsets}
+        tensors = {"tokens": self.tokens, "doc_offsets": self.doc_offsets}
+        if suffix_array:
+            tensors["suffix_array"] = self.suffix_array
         metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "vocab_size": str(self.vocab_size),
-                    "tokenizer_fingerprint": self.tokenizer_fingerprint, "max_match": str(self.max_match)}
+                    "tokenizer_fingerprint": self.tokenizer_fingerprint, "max_match": str(self.max_match),
+                    "suffix_array": "stored" if suffix_array else "rebuild"}
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(file), metadata=metadata)
         return file
 
@@ -542,15 +553,22 @@ def _validated(file: Path, metadata: dict, tensors: dict) -> tuple:
         raise bad(f"format {metadata.get('format')!r}, expected {FORMAT!r}")
     if metadata.get("format_version") != str(FORMAT_VERSION):
         raise bad(f"format version {metadata.get('format_version')!r}, this version reads {FORMAT_VERSION}")
-    missing = {"tokens", "suffix_array", "doc_offsets"} - set(tensors)
+    stored = metadata.get("suffix_array", "stored")
+    if stored not in ("stored", "rebuild"):
+        raise bad(f"suffix_array metadata {stored!r}, expected 'stored' or 'rebuild'")
+    missing = {"tokens", "doc_offsets"} | ({"suffix_array"} if stored == "stored" else set())
+    missing -= set(tensors)
     if missing:
         raise bad(f"missing tensors {sorted(missing)}")
+    fingerprint = metadata.get("tokenizer_fingerprint", "")
     try:
         vocab_size, max_match = int(metadata["vocab_size"]), int(metadata["max_match"])
         dtype = token_dtype(vocab_size)
+        if max_match < 1:
+            raise ValueError(f"max_match {max_match}")
     except (KeyError, ValueError) as error:
         raise bad(f"bad metadata ({error})") from None
-    tokens, sa, offsets = tensors["tokens"], tensors["suffix_array"], tensors["doc_offsets"]
+    tokens, offsets = tensors["tokens"], tensors["doc_offsets"]
     if tokens.dtype != dtype or tokens.ndim != 1:
         raise bad(f"tokens {tokens.dtype}{list(tokens.shape)}, expected 1-D {dtype} for vocab size {vocab_size}")
     if offsets.dtype != np.int64 or offsets.ndim != 1 or offsets.size < 1:
@@ -564,18 +582,20 @@ def _validated(file: Path, metadata: dict, tensors: dict) -> tuple:
         raise bad("document separators are not where doc_offsets say")
     if tokens.size > offsets.size - 1 and int(tokens[~separators].max()) >= vocab_size:
         raise bad(f"token ids >= vocab size {vocab_size}")
+    if stored == "rebuild":
+        return tokens, corpus_suffix_array(tokens, max_match), offsets, vocab_size, fingerprint, max_match
+    sa = tensors["suffix_array"]
     if sa.dtype not in (np.uint32, np.int64) or sa.ndim != 1 or sa.size != tokens.size - (offsets.size - 1):
         raise bad(f"suffix_array {sa.dtype}{list(sa.shape)} does not fit {tokens.size} tokens")
     if sa.size:
         if int(sa.min()) < 0 or int(sa.max()) >= tokens.size or separators[sa].any():
             raise bad("suffix_array points outside the corpus tokens")
-        big = tokens.astype(dtype.newbyteorder(">"))
-        width = (max_match + 1)
+        big, width = dtype.newbyteorder(">"), max_match + 1
         for i in np.random.default_rng(0).integers(0, max(sa.size - 1, 1), size=min(64, sa.size - 1)):
             a, b = int(sa[i]), int(sa[i + 1])
-            if big[a : a + width].tobytes() > big[b : b + width].tobytes():
+            if tokens[a : a + width].astype(big).tobytes() > tokens[b : b + width].astype(big).tobytes():
                 raise bad("suffix_array is not sorted")
-    return tokens, sa, offsets, vocab_size, metadata.get("tokenizer_fingerprint", ""), max_match
+    return tokens, sa, offsets, vocab_size, fingerprint, max_match
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
