@@ -14,7 +14,8 @@ suffix-array backend: build time, datastore file size, load time, and the median
 - fresh: 64 new Zipf tokens (short matches on frequent ids: the widest suffix-array ranges);
 - mixed: 48 fresh tokens followed by 16 copied from the corpus;
 
-plus `ContextIndex.lookup` on a 2,000-token context (prompt + answer) of the same text, for scale.
+plus `ContextIndex.lookup` on 1,000-2,000 tokens of the same text, and on ~32,000 tokens of degenerate repetitive
+text (its worst case: every position matches).
 """
 
 from __future__ import annotations
@@ -111,14 +112,18 @@ def main() -> None:
             index = CorpusIndex.build(docs, vocab_size=VOCAB, max_match=32, backend=backend)
             build = time.perf_counter() - start
             with tempfile.TemporaryDirectory() as folder:
+                small = index.save(os.path.join(folder, "tokens-only.safetensors"), suffix_array=False)
                 file = index.save(folder)
-                megabytes = file.stat().st_size / 2**20
+                megabytes, small_megabytes = file.stat().st_size / 2**20, small.stat().st_size / 2**20
                 start = time.perf_counter()
                 index = CorpusIndex.load(file)
                 load = time.perf_counter() - start
-            index.lookup([1, 2], max_depth=1)  # builds the big-endian copy once
+                start = time.perf_counter()
+                CorpusIndex.load(small)
+                rebuild = time.perf_counter() - start
             rng = np.random.default_rng(1)
-            line = [f"{backend:>10}: build {build:6.1f} s, file {megabytes:6.1f} MiB, load {load:5.2f} s"]
+            line = [f"{backend:>10}: build {build:5.1f} s, file {megabytes:5.1f} MiB (load {load:4.2f} s; tokens only "
+                    f"{small_megabytes:4.1f} MiB, load + rebuild {rebuild:4.1f} s)"]
             for kind, contexts in contexts_for(index, rng, args.lookups).items():
                 median, p90 = timed_us(lambda c: index.lookup(c, max_depth=16, max_occurrences=64), contexts)
                 lengths = [index.match(c)[0] for c in contexts[:200]]
@@ -128,6 +133,10 @@ def main() -> None:
     contexts = [ContextIndex(text[: 1000 + 2 * i]) for i in range(500)]
     median, p90 = timed_us(lambda c: c.lookup(max_depth=16, max_occurrences=64), contexts)
     print(f"\nContextIndex.lookup on 1,000-2,000 tokens of the same text: {median:.0f} / {p90:.0f} us")
+    for name, text in (("one repeated token", np.full(32_000, 7)), ("a period-3 pattern", np.tile([1, 2, 3], 10_667))):
+        contexts = [ContextIndex(text[: 31_000 + 2 * i]) for i in range(200)]
+        median, p90 = timed_us(lambda c: c.lookup(max_depth=16, max_occurrences=64), contexts)
+        print(f"ContextIndex.lookup on ~32,000 tokens of {name} (worst cases): {median:.0f} / {p90:.0f} us")
 
 
 if __name__ == "__main__":

@@ -152,6 +152,10 @@ def test_corpus_hand_made():
     fractions = cands.fractions()[0]
     assert fractions[0] == 1 and sorted(fractions[cands.depths == 1].tolist()) == [1 / 3, 2 / 3]
     assert index.num_documents == 4 and index.num_tokens == 16 and index.document(1).tolist() == docs[1]
+    import torch
+
+    for context in (torch.tensor([[0, 2, 3]]), np.array([0, 2, 3]), (0, 2, 3)):  # a [1, n] batch row too
+        assert index.lookup(context, max_depth=3).paths() == cands.paths()
 
 
 @pytest.mark.parametrize("docs", [[], [[]], [[], []]])
@@ -183,11 +187,13 @@ def test_build_rejects_out_of_vocab_ids():
 # ---- ContextIndex -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dense", [0, 16, 10**9])  # never / sometimes / always compare whole shifted slices
 @SETTINGS
 @given(text=st.lists(st.integers(0, VOCAB - 1), max_size=60), max_match=st.integers(1, 12), depth=st.integers(1, 6),
        cap=st.integers(1, 8))
-def test_context_lookup_matches_brute_force(text, max_match, depth, cap):
+def test_context_lookup_matches_brute_force(dense, text, max_match, depth, cap):
     index = ContextIndex(text, max_match=max_match)
+    index.DENSE = dense
     length, rows, total = brute_context(text, max_match, depth, cap)
     cands = index.lookup(max_depth=depth, max_occurrences=cap)
     if length == 0:

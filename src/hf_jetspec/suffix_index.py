@@ -190,10 +190,17 @@ def _merge_two(a: Candidates, b: Candidates) -> Candidates:
 
 
 def _as_ids(tokens) -> np.ndarray:
-    """Any 1-D sequence of token ids (list, numpy, torch) as int64 numpy."""
+    """Any sequence of token ids (list, numpy, torch; a ``[1, n]`` batch row too) as int64 numpy ``[n]``."""
     if hasattr(tokens, "detach"):
         tokens = tokens.detach().cpu().numpy()
     return np.asarray(tokens, dtype=np.int64).reshape(-1)
+
+
+def _tail_ids(tokens, count: int) -> np.ndarray:
+    """The last ``count`` ids of ``tokens`` (as ``_as_ids``) without converting the rest."""
+    if hasattr(tokens, "reshape"):
+        return _as_ids(tokens.reshape(-1)[-count:])
+    return _as_ids(list(tokens[-count:]))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -206,12 +213,13 @@ class ContextIndex:
     ``lookup`` finds the longest suffix of the text (<= ``max_match`` tokens) that occurred earlier with a following
     token and returns what followed its most recent occurrences.
 
-    The lookup is vectorised: the earlier positions holding the last token (one numpy scan of the text), then
-    their match lengths, compared backwards in blocks of 8 tokens over the candidates still matching. Its cost is
-    O(text) in C plus O(candidates * match length), microseconds for texts of thousands of tokens.
+    The lookup is vectorised (see ``match``): one numpy scan of the text for the last token, then the match grown
+    backwards over the candidates still matching. Tens of microseconds for texts of thousands of tokens; about a
+    millisecond for 32k tokens of one repeated token (the worst case).
     """
 
-    BLOCK = 8
+    BLOCK = 8  # offsets compared per gather once few candidates remain
+    DENSE = 16  # compare whole shifted slices while more than 1/DENSE of the positions still match
 
     def __init__(self, tokens=None, max_match: int = 32, source: str = "context"):
         if max_match < 1:
@@ -243,26 +251,37 @@ class ContextIndex:
 
     def match(self) -> tuple[int, np.ndarray]:
         """(longest match length L, int64 ``[m]`` end positions of its earlier occurrences, ascending); (0, [])
-        when the last token never occurred earlier. An earlier occurrence ends at j <= n - 2, so t[j + 1] follows."""
+        when the last token never occurred earlier. An earlier occurrence ends at j <= n - 2, so t[j + 1] follows.
+
+        The set of earlier ends matching the last L tokens shrinks as L grows. While it holds more than 1/DENSE of
+        the text (repetitive text), each step compares whole shifted slices (contiguous, no gathers); then the
+        few survivors are compared in blocks of BLOCK offsets by gathering."""
         text, n = self.tokens, self._size
         if n < 2:
             return 0, np.zeros(0, dtype=np.int64)
-        ends = np.flatnonzero(text[:-1] == text[-1])
-        lengths = np.ones(ends.size, dtype=np.int64)
-        alive = np.arange(ends.size)  # candidates matching every offset compared so far
-        start, limit = 1, min(self.max_match, n - 1)
-        while alive.size and start < limit:
-            offsets = np.arange(start, min(start + self.BLOCK, limit))
-            back = ends[alive, None] - offsets  # [m, b] positions compared with text[n - 1 - offsets]
+        limit = min(self.max_match, n - 1)
+        hits = text[:-1] == text[-1]  # [n - 1]: hits[j] iff the last `length` tokens also end at j
+        count, length = int(np.count_nonzero(hits)), 1
+        if not count:
+            return 0, np.zeros(0, dtype=np.int64)
+        while length < limit and count * self.DENSE > n:
+            longer = np.zeros_like(hits)
+            np.logical_and(hits[length:], text[: n - 1 - length] == text[n - 1 - length], out=longer[length:])
+            found = int(np.count_nonzero(longer))
+            if not found:
+                return length, np.flatnonzero(hits)
+            hits, count, length = longer, found, length + 1
+        ends = np.flatnonzero(hits)
+        while length < limit:
+            offsets = np.arange(length, min(length + self.BLOCK, limit))
+            back = ends[:, None] - offsets  # [m, b] positions compared with text[n - 1 - offsets]
             same = (text[np.maximum(back, 0)] == text[n - 1 - offsets]) & (back >= 0)
             run = np.logical_and.accumulate(same, axis=1).sum(axis=1)
-            lengths[alive] += run
-            alive = alive[run == offsets.size]
-            start += offsets.size
-        if not ends.size:
-            return 0, ends
-        best = int(lengths.max())
-        return best, ends[lengths == best]
+            best = int(run.max())
+            ends, length = ends[run == best], length + best
+            if best < offsets.size:
+                break
+        return length, ends
 
     def lookup(self, max_depth: int, max_occurrences: int = 64, min_match: int = 1) -> Candidates | None:
         """Candidates from the ``max_occurrences`` most recent earlier occurrences of the longest matching suffix
@@ -363,7 +382,8 @@ class CorpusIndex:
         self.source, self.path = source, path
         self.sep = int(np.iinfo(tokens.dtype).max)
         self._width = tokens.dtype.itemsize
-        self._bytes: bytes | None = None  # big-endian copy: bytes order = token order, compared in C by bisect
+        # A big-endian copy of the tokens: bytes order = token order, so bisect compares slices in C.
+        self._bytes = tokens.astype(tokens.dtype.newbyteorder(">")).tobytes()
         self._sa_view = memoryview(np.ascontiguousarray(suffix_array))
 
     # -- building ------------------------------------------------------------------------------------------------
@@ -411,14 +431,9 @@ class CorpusIndex:
 
     # -- lookup --------------------------------------------------------------------------------------------------
 
-    def _buffer(self) -> bytes:
-        if self._bytes is None:
-            self._bytes = self.tokens.astype(self.tokens.dtype.newbyteorder(">")).tobytes()
-        return self._bytes
-
     def _query(self, context) -> np.ndarray:
         """The context's last <= max_match tokens after its last id outside the vocabulary (those never match)."""
-        query = _as_ids(context)[-self.max_match :]
+        query = _tail_ids(context, self.max_match)
         outside = np.flatnonzero((query < 0) | (query >= self.vocab_size))
         return query[outside[-1] + 1 :] if outside.size else query
 
@@ -430,7 +445,7 @@ class CorpusIndex:
         query = self._query(context)
         if query.size == 0 or self.suffix_array.size == 0:
             return 0, 0, 0
-        width, text, sa = self._width, self._buffer(), self._sa_view
+        width, text, sa = self._width, self._bytes, self._sa_view
         qbytes = query.astype(self.tokens.dtype.newbyteorder(">")).tobytes()
         sep = np.array([self.sep], dtype=self.tokens.dtype.newbyteorder(">")).tobytes()
 
@@ -465,6 +480,7 @@ class CorpusIndex:
         continuation, so the counts stay proportional to the full range; ``total`` = the range size), continuations
         up to ``max_depth`` tokens within their document. ``None`` when no suffix of >= ``min_match`` tokens
         occurs."""
+        context = _tail_ids(context, self.max_match)
         length, lo, hi = self.match(context)
         if length < max(min_match, 1) or max_depth < 1 or max_occurrences < 1:
             return None
@@ -477,7 +493,7 @@ class CorpusIndex:
         inside = np.logical_and.accumulate(rows != self.sep, axis=1)
         rows[~inside] = PAD
         rows = rows[:, : int(inside.sum(axis=1).max())]
-        return trie_from_rows(int(_as_ids(context)[-1]), rows, self.source, length, total)
+        return trie_from_rows(int(context[-1]), rows, self.source, length, total)
 
     # -- compatibility -------------------------------------------------------------------------------------------
 
