@@ -11,6 +11,7 @@ from .integration import enable
 from .models import default_head, default_model
 from .outputs import DecodingStats, JetSpecGenerateOutput
 from .strategies import DECODING_FUNCTIONS, STRATEGIES
+from .suffix_index import Candidates, ContextIndex, CorpusIndex, merge_candidates, tokenizer_fingerprint
 from .tree import DraftTree, best_first_tree, chain_tree
 
 __version__ = "0.1.0"
@@ -28,6 +29,9 @@ AutoConfig.register(JetSpecConfig.model_type, JetSpecConfig, exist_ok=True)
 AutoModel.register(JetSpecConfig, JetSpecHead, exist_ok=True)
 
 __all__ = [
+    "Candidates",
+    "ContextIndex",
+    "CorpusIndex",
     "DecodingStats",
     "DraftTree",
     "HeadDrafter",
@@ -45,6 +49,8 @@ __all__ = [
     "enable",
     "jacobi_generate",
     "jetspec_generate",
+    "merge_candidates",
     "speculative_jacobi_generate",
+    "tokenizer_fingerprint",
     "tune_mkl",
 ]
