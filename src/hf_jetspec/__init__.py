@@ -4,8 +4,10 @@ from transformers import AutoConfig, AutoModel
 
 from .config import JetSpecConfig
 from .cpu import tune_mkl
-from .decoding import jacobi_generate, jetspec_generate, speculative_jacobi_generate
+from .calibration import Calibration
+from .decoding import jacobi_generate, jetspec_generate, speculative_jacobi_generate, suffix_generate
 from .drafters import HeadDrafter, OracleDrafter
+from .retrieval import RetrievalDrafter
 from .head import JetSpecHead
 from .integration import enable
 from .models import default_head, default_model
@@ -29,6 +31,7 @@ AutoConfig.register(JetSpecConfig.model_type, JetSpecConfig, exist_ok=True)
 AutoModel.register(JetSpecConfig, JetSpecHead, exist_ok=True)
 
 __all__ = [
+    "Calibration",
     "Candidates",
     "ContextIndex",
     "CorpusIndex",
@@ -39,6 +42,7 @@ __all__ = [
     "JetSpecGenerateOutput",
     "JetSpecHead",
     "OracleDrafter",
+    "RetrievalDrafter",
     "best_first_tree",
     "DECODING_FUNCTIONS",
     "STRATEGIES",
@@ -51,6 +55,7 @@ __all__ = [
     "jetspec_generate",
     "merge_candidates",
     "speculative_jacobi_generate",
+    "suffix_generate",
     "tokenizer_fingerprint",
     "tune_mkl",
 ]

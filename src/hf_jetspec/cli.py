@@ -24,6 +24,23 @@ def _note(message: str) -> None:
     print(f"note: {message}", file=sys.stderr)
 
 
+def load_datastore(path, head_path, model, head):
+    """The retrieval datastore: ``--datastore PATH``, else the head's (``--head`` or the shipped default head's)."""
+    from .retrieval import load_retrieval_assets
+    from .suffix_index import CorpusIndex
+
+    if path is not None:
+        return CorpusIndex.load(path)
+    if head is not None:
+        return head.datastore
+    if head_path is None:
+        from .models import default_head
+
+        head = default_head(model)
+        return None if head is None else head.datastore
+    return load_retrieval_assets(head_path)[0]
+
+
 def load_resources(args, model, names):
     """The `Resources` the strategies ``names`` need: the head (``--head`` or the shipped default) and the draft
     model (``--draft-model`` / ``--draft-layers``)."""
@@ -34,6 +51,8 @@ def load_resources(args, model, names):
     resources = Resources(block_size=getattr(args, "oracle_block", 16))
     if "head" in needs:
         resources.head = load_head(args.head, model, on_untrained=_note)
+    if "datastore" in needs:
+        resources.datastore = load_datastore(args.datastore, args.head, model, resources.head)
     resources.draft_model = load_draft(model, args.draft_model, args.draft_layers, args.dtype, args.device)
     return resources
 
@@ -141,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     def model_args(p):
         p.add_argument("--model", help="HF model folder or Hub id (default: embedded SmolLM2-135M-Instruct)")
         p.add_argument("--head", help="JetSpec head folder or Hub id (default: the shipped head)")
+        p.add_argument("--datastore", default=None,
+                       help="retrieval datastore (datastore.safetensors or its folder; default: the head's)")
         p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
         p.add_argument("--device", default=None)
         p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,

@@ -14,6 +14,7 @@ import torch
 from .decoding.jacobi import jacobi_generate
 from .decoding.jetspec import jetspec_generate
 from .decoding.spec_jacobi import speculative_jacobi_generate
+from .decoding.suffix import suffix_generate
 from .drafters import OracleDrafter
 
 
@@ -24,6 +25,7 @@ class Resources:
 
     head: object | None = None
     draft_model: object | None = None
+    datastore: object | None = None  # a CorpusIndex for the retrieval strategies (default: the head's)
     block_size: int = 16  # the oracle drafter's block
     prompt_lookup_tokens: int = 10
     jacobi_pool: int = 8  # pool n-grams verified per forward by 'jacobi-pool'
@@ -33,8 +35,8 @@ class Resources:
 class StrategySpec:
     """``function``: the ``custom_generate`` callable (None: transformers' own decoding, steered by ``options``);
     ``options``: fixed extra ``generate()`` kwargs; ``tuned``: kwargs taken from the `Resources` settings;
-    ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``) or ``"reference"`` (plain greedy's
-    output: benchmark only); ``budgeted``: takes a tree budget (the benchmark expands it over ``--budgets``)."""
+    ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``; ``"datastore"`` is optional) or
+    ``"reference"`` (plain greedy's output: benchmark only); ``budgeted``: takes a tree budget (the benchmark expands it over ``--budgets``)."""
 
     name: str
     description: str
@@ -82,20 +84,27 @@ STRATEGIES: dict[str, StrategySpec] = _registry(
                  tuned=lambda r: {"ngram_pool": r.jacobi_pool}),
     StrategySpec("spec-jacobi", "speculative Jacobi decoding with a draft model", speculative_jacobi_generate,
                  needs=("draft_model",)),
-    StrategySpec("jetspec", "JetSpec tree decoding with the draft head", jetspec_generate, needs=("head",),
-                 budgeted=True),
+    StrategySpec("suffix", "suffix decoding: retrieval trees from the prompt, the output and the head's datastore "
+                 "(no head)", suffix_generate, tuned=lambda r: {"datastore": r.datastore}, needs=("datastore",)),
+    StrategySpec("jetspec", "JetSpec: the head's drafts merged with retrieval in one calibrated tree",
+                 jetspec_generate, tuned=lambda r: {} if r.datastore is None else {"retrieval": r.datastore},
+                 needs=("head", "datastore"), budgeted=True),
+    StrategySpec("jetspec-head", "JetSpec with the head alone (no retrieval)", jetspec_generate,
+                 {"retrieval": False}, needs=("head",), budgeted=True),
     StrategySpec("jetspec-chain", "JetSpec with a linear draft (chain)", jetspec_generate,
                  {"tree_builder": "chain"}, needs=("head",), budgeted=True),
     StrategySpec("jetspec-rrs", "JetSpec tree, recursive-rejection sampling rule", jetspec_generate,
                  {"sampling_rule": "rrs"}, needs=("head",), budgeted=True),
     StrategySpec("jetspec-oracle", "JetSpec drafting plain greedy's own output (upper bound)", jetspec_generate,
-                 needs=("reference",), budgeted=True),
+                 {"retrieval": False}, needs=("reference",), budgeted=True),
 )
 
-# The custom_generate callables by name: every strategy a user can run by name (the oracle needs a reference).
+# The custom_generate callables by name.
 DECODING_FUNCTIONS: dict[str, Callable] = {
-    name: spec.function for name, spec in STRATEGIES.items() if spec.function is not None and not spec.options
-    and spec.tuned is None and "reference" not in spec.needs
+    "jetspec": jetspec_generate,
+    "suffix": suffix_generate,
+    "jacobi": jacobi_generate,
+    "spec-jacobi": speculative_jacobi_generate,
 }
 
 

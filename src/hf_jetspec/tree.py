@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .calibration import Calibration, head_features, retrieval_features, worth_adding
+
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """Ancestor-or-self matrix ``bool [N, N]`` (``[i, j]`` iff node j is node i or one of its ancestors) from
@@ -209,6 +211,89 @@ def sampled_tree(shape: DraftTree, q: torch.Tensor, generator: torch.Generator |
     for parent, value in zip(new_parents[1:], step):
         scores.append(scores[parent] + value)
     return DraftTree.from_lists(tokens, new_parents, new_depths, scores, shape.tokens.device)
+
+
+def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibration: Calibration, budget: int,
+                width: int = 8, max_depth: int | None = None, node_cost: float | None = None, device=None
+                ) -> tuple[DraftTree, list[tuple[str, list[float]] | None]]:
+    """One tree from the head's per-depth distributions and retrieval candidates, best-first by each node's
+    estimated probability of being accepted (the product of calibrated edge probabilities along its path).
+
+    ``head_probs [D, V]``: the head's distributions of depths 1..D (None: no head); a node at depth d may take any
+    of the top-``width`` tokens of depth d (as in `best_first_tree`). ``candidates``: a
+    `hf_jetspec.suffix_index.Candidates` trie rooted at the anchor (None: no retrieval); a node on the trie also
+    takes the trie's children. A token proposed by both is one node whose estimate sees both (the head's
+    probability is a feature of the retrieval model). Stops at ``budget`` nodes (root included), at ``max_depth``,
+    or, with ``node_cost`` (kappa, `hf_jetspec.calibration.worth_adding`), at the first node whose gain does not pay
+    for its verification. Returns the tree (``scores``: log estimated path probability) and each node's
+    calibration record ``(kind, features)`` (None for the root).
+    """
+    if budget < 1:
+        raise ValueError(f"tree budget must be >= 1 (the root), got {budget}")
+    head_depth = 0 if head_probs is None else head_probs.shape[0]
+    trie_depth = 0 if candidates is None else candidates.max_depth
+    depth_limit = max(head_depth, trie_depth) if max_depth is None else min(max_depth, max(head_depth, trie_depth))
+    if head_depth:
+        probs = head_probs[: min(head_depth, depth_limit)].float().cpu()
+        top_p, top_ids = probs.topk(max(1, min(width, probs.shape[-1])), dim=-1)
+        top_p, top_ids = top_p.tolist(), top_ids.tolist()
+    if candidates is not None:
+        trie_children: list[list[int]] = [[] for _ in range(len(candidates))]
+        for child, parent in enumerate(candidates.parents.tolist()):
+            if parent >= 0:
+                trie_children[parent].append(child)
+        trie_tokens, fractions = candidates.tokens.tolist(), candidates.fractions().tolist()
+        counts = candidates.counts.tolist()
+
+    tokens, parents, depths, logp = [anchor], [-1], [0], [0.0]
+    trie_of: list[int | None] = [0 if candidates is not None else None]
+    records: list[tuple[str, list[float]] | None] = [None]
+    heap: list = []
+    order = 0
+
+    def push_children(node: int) -> None:
+        nonlocal order
+        depth = depths[node] + 1
+        if depth > depth_limit:
+            return
+        proposed = set()
+        trie_node = trie_of[node]
+        for child in trie_children[trie_node] if trie_node is not None else ():
+            token = trie_tokens[child]
+            proposed.add(token)
+            p_head = float(probs[depth - 1, token]) if depth <= head_depth else None
+            sources = {name: (fractions[s][child], candidates.match_lens[s], counts[s][child])
+                       for s, name in enumerate(candidates.sources) if counts[s][child] > 0}
+            x = retrieval_features(p_head, depth, sources)
+            edge = calibration.retrieval_edge(x)
+            heapq.heappush(heap, (-(logp[node] + math.log(max(edge, 1e-30))), order, node, token, child,
+                                  ("retrieval", x)))
+            order += 1
+        if depth <= min(head_depth, depth_limit):
+            for p, token in zip(top_p[depth - 1], top_ids[depth - 1]):
+                if token in proposed or p <= 0:
+                    continue
+                edge = calibration.head_edge(p, depth)
+                heapq.heappush(heap, (-(logp[node] + math.log(max(edge, 1e-30))), order, node, token, None,
+                                      ("head", head_features(p, depth))))
+                order += 1
+
+    push_children(0)
+    expected = 1.0
+    while heap and len(tokens) < budget:
+        neg, _, parent, token, trie_node, record = heapq.heappop(heap)
+        gain = math.exp(-neg)
+        if node_cost is not None and not worth_adding(gain, expected, len(tokens), node_cost):
+            break
+        expected += gain
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+        logp.append(-neg)
+        trie_of.append(trie_node)
+        records.append(record)
+        push_children(len(tokens) - 1)
+    return DraftTree.from_lists(tokens, parents, depths, logp, device), records
 
 
 TREE_BUILDERS = {"best_first": best_first_tree, "chain": chain_tree}
