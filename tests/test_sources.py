@@ -308,6 +308,13 @@ def test_store_resumes_and_reads_back(tmp_path):
         answers.AnswerStore(tmp_path, "src", settings=settings | {"dtype": "fp32"})
 
 
+def test_store_summary_table(tmp_path, capsys):
+    answers.AnswerStore(tmp_path, "src", chunk_rows=2).add(_rows("a", 4))
+    answers.main([str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| src | 2 | 4 | 2 | 8 |") and lines[3].startswith("| total | 2 | 4 |")
+
+
 def test_torn_chunk_is_skipped_by_readers_and_regenerated_by_writers(tmp_path):
     directory = tmp_path / "src"
     directory.mkdir()

@@ -217,3 +217,24 @@ class AnswerStore:
         self.next_number += 1
         self.pending = self.pending[count:]
         self._rewrite_pending()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m hf_jetspec.training.answers data/answers``: per-source counts of a store, as a Markdown table."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("root", type=Path, nargs="?", default=Path("data/answers"))
+    args = parser.parse_args(argv)
+    summary = store_summary(args.root)
+    total = {key: sum(s[key] for s in summary.values()) for key in next(iter(summary.values()), {})}
+    print("| source | chunks | rows | ended (eos) | prompt tokens | answer tokens | bytes | bytes/token |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, s in list(summary.items()) + ([("total", total)] if total else []):
+        tokens = s["prompt_tokens"] + s["answer_tokens"]
+        print(f"| {name} | {s['chunks']} | {s['rows']:,} | {s['eos']:,} | {s['prompt_tokens']:,} | "
+              f"{s['answer_tokens']:,} | {s['bytes']:,} | {s['bytes'] / max(tokens, 1):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
