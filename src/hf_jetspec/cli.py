@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark strategies side by side on a prompt set")
     model_args(b)
-    b.add_argument("--prompts", default="mt-bench", help="mt-bench | sharegpt | path to a JSONL file")
+    b.add_argument("--prompts", default="mt-bench", help="mt-bench | sharegpt | code-math | path to a JSONL file")
     b.add_argument("--field", default="prompt", help="JSONL field holding the prompt text")
     b.add_argument("--category-field", default=None, help="JSONL field holding the category")
     b.add_argument("--limit", type=int, default=None, help="prompts per category")
