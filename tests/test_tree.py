@@ -119,3 +119,63 @@ def test_from_lists_defaults_scores_and_builds_children():
     tree = DraftTree.from_lists([4, 5, 6], [-1, 0, 0], [0, 1, 1])
     assert tree.scores.tolist() == [0.0, 0.0, 0.0]
     assert tree.children == [{5: 1, 6: 2}, {}, {}]
+
+
+# ------------------------------------------------------------------------------------------------ merged trees
+
+
+def trie(anchor: int, rows: list[list[int]], source: str = "context", match_len: int = 4):
+    from hf_jetspec.suffix_index import trie_from_rows
+
+    width = max(len(r) for r in rows)
+    padded = [r + [-1] * (width - len(r)) for r in rows]
+    import numpy as np
+
+    return trie_from_rows(anchor, np.array(padded, dtype=np.int64), source, match_len, len(rows))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_merged_tree_without_retrieval_is_the_best_first_tree(seed):
+    """Default calibration (the head's own probabilities), no candidates, no node cost: the same node set as
+    `best_first_tree` (probabilities kept well above the 1e-4 clip)."""
+    from hf_jetspec.calibration import Calibration
+    from hf_jetspec.tree import merged_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(5, 12, generator=gen) * 0.5
+    expected = best_first_tree(3, logits, budget=20, width=4)
+    got, records = merged_tree(3, torch.softmax(logits, -1), None, Calibration(), budget=20, width=4)
+    assert sorted(node_paths(got)) == sorted(node_paths(expected))
+    torch.testing.assert_close(got.scores.sort().values, expected.scores.sort().values, atol=1e-5, rtol=0)
+    assert records[0] is None and all(kind == "head" for kind, _ in records[1:])
+
+
+def test_merged_tree_takes_retrieval_chains_and_merges_agreement():
+    from hf_jetspec.calibration import Calibration
+    from hf_jetspec.tree import merged_tree
+
+    probs = torch.full((3, 10), 0.01)
+    probs[0, 4], probs[1, 5], probs[2, 6] = 0.9, 0.6, 0.5  # the head's chain 4 5 6
+    candidates = trie(3, [[4, 7, 8, 9], [4, 7, 8, 9], [1, 2]])  # retrieval agrees on 4, then goes 7 8 9
+    tree, records = merged_tree(3, probs, candidates, Calibration(), budget=8, width=2)
+    paths = node_paths(tree)
+    assert paths.count((4,)) == 1  # proposed by both: one node
+    assert (4, 7, 8, 9) in paths and (4, 5) in paths
+    kinds = {path: record[0] for path, record in zip(paths, records) if record}
+    assert kinds[(4,)] == "retrieval" and kinds[(4, 5)] == "head"
+    assert len(tree) <= 8
+    scores = tree.scores.tolist()
+    assert all(a >= b - 1e-9 for a, b in zip(scores[1:], scores[2:]))  # added best-first: non-increasing estimates
+
+
+def test_merged_tree_stops_when_a_node_does_not_pay():
+    from hf_jetspec.calibration import Calibration
+    from hf_jetspec.tree import merged_tree
+
+    probs = torch.softmax(torch.randn(4, 10, generator=torch.Generator().manual_seed(0)), -1)
+    full, _ = merged_tree(3, probs, None, Calibration(), budget=16, width=4, node_cost=0.0)
+    none, _ = merged_tree(3, probs, None, Calibration(), budget=16, width=4, node_cost=100.0)
+    some, _ = merged_tree(3, probs, None, Calibration(), budget=16, width=4, node_cost=0.2)
+    assert len(full) == 16 and len(none) == 1 and 1 < len(some) < 16
+    only_retrieval, _ = merged_tree(3, None, trie(3, [[1, 2, 3]]), Calibration(), budget=16)
+    assert node_paths(only_retrieval) == [(), (1,), (1, 2), (1, 2, 3)]
