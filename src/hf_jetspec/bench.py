@@ -13,6 +13,7 @@ temperature's baseline.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
@@ -111,7 +112,11 @@ def run_strategy(model, input_ids: torch.Tensor, strategy: Strategy, max_new_tok
     """Generate with ``strategy`` (greedily, or sampling at its temperature after ``torch.manual_seed(seed)``);
     return (sequence [1, T], seconds, target forwards, overhead share)."""
     vocab = model.get_output_embeddings().weight.shape[0]
-    kwargs = get_strategy(strategy.kind).generate_kwargs(resources, strategy.budget, reference, vocab)
+    spec = get_strategy(strategy.kind)
+    kwargs = spec.generate_kwargs(resources, strategy.budget, reference, vocab)
+    if resources.calibration_log is not None and spec.function is not None and \
+            "calibration_log" in inspect.signature(spec.function).parameters:
+        kwargs["calibration_log"] = resources.calibration_log
     if strategy.temperature > 0:
         kwargs |= {"do_sample": True, "temperature": strategy.temperature}
         torch.manual_seed(seed)

@@ -217,3 +217,28 @@ def resolve_node_cost(node_cost, calibration: Calibration, model) -> float | Non
     if not isinstance(node_cost, (int, float)) or node_cost < 0:
         raise ValueError(f"node_cost must be 'auto', None or a number >= 0, got {node_cost!r}")
     return float(node_cost)
+
+
+def read_records(paths) -> list[dict]:
+    """Calibration records from JSONL files (``hf-jetspec bench --calibration-log FILE``)."""
+    records = []
+    for path in paths:
+        for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if row["kind"] not in ("head", "retrieval") or not isinstance(row["x"], list):
+                    raise ValueError("kind/x")
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                raise ValueError(f"{path}:{number}: not a calibration record") from None
+            records.append(row)
+    return records
+
+
+def write_records(path, records: list[dict]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)

@@ -26,6 +26,7 @@ class Resources:
     head: object | None = None
     draft_model: object | None = None
     datastore: object | None = None  # a CorpusIndex for the retrieval strategies (default: the head's)
+    calibration_log: list | None = None  # receives merged trees' calibration records (hf_jetspec.calibration)
     block_size: int = 16  # the oracle drafter's block
     prompt_lookup_tokens: int = 10
     jacobi_pool: int = 8  # pool n-grams verified per forward by 'jacobi-pool'
