@@ -1,50 +1,58 @@
-"""hf_jetspec: lossless JetSpec tree speculative decoding (and Jacobi decoding) for Hugging Face transformers."""
+"""hf_jetspec: lossless JetSpec tree speculative decoding (and Jacobi decoding) for Hugging Face transformers.
 
-from transformers import AutoConfig, AutoModel
+The names below are imported on first access (PEP 562), so ``import hf_jetspec`` and the ``hf-jetspec`` command's
+argument checks do not pay for importing torch and transformers. Importing `JetSpecHead` (or `JetSpecConfig`)
+registers heads with transformers' ``AutoConfig`` / ``AutoModel``.
+"""
 
-from .config import JetSpecConfig
-from .cpu import tune_mkl
-from .decoding import jacobi_generate, jetspec_generate, speculative_jacobi_generate
-from .drafters import HeadDrafter, OracleDrafter
-from .head import JetSpecHead
-from .integration import enable
-from .models import default_head, default_model
-from .outputs import DecodingStats, JetSpecGenerateOutput
-from .strategies import DECODING_FUNCTIONS, STRATEGIES
-from .tree import DraftTree, best_first_tree, chain_tree
+from __future__ import annotations
+
+import importlib
+import os
 
 __version__ = "0.1.0"
+
+# name -> submodule that defines it
+_EXPORTS = {
+    "JetSpecConfig": "config",
+    "tune_mkl": "cpu",
+    "jacobi_generate": "decoding",
+    "jetspec_generate": "decoding",
+    "speculative_jacobi_generate": "decoding",
+    "HeadDrafter": "drafters",
+    "OracleDrafter": "drafters",
+    "JetSpecHead": "head",
+    "enable": "integration",
+    "default_head": "models",
+    "default_model": "models",
+    "DecodingStats": "outputs",
+    "JetSpecGenerateOutput": "outputs",
+    "DECODING_FUNCTIONS": "strategies",
+    "STRATEGIES": "strategies",
+    "DraftTree": "tree",
+    "best_first_tree": "tree",
+    "chain_tree": "tree",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    if name != "DECODING_FUNCTIONS":  # computed afresh by its module
+        globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
 
 
 def custom_generate_path() -> str:
     """A local folder holding ``custom_generate/generate.py``: pass it as ``custom_generate=`` (with
     ``trust_remote_code=True``), or upload the folder to the Hub and pass the repo id."""
-    import os
-
     return os.path.join(os.path.dirname(__file__), "generate_repo")
 
-# Make heads loadable through the Auto classes too: AutoConfig / AutoModel.from_pretrained(head_dir).
-AutoConfig.register(JetSpecConfig.model_type, JetSpecConfig, exist_ok=True)
-AutoModel.register(JetSpecConfig, JetSpecHead, exist_ok=True)
 
-__all__ = [
-    "DecodingStats",
-    "DraftTree",
-    "HeadDrafter",
-    "JetSpecConfig",
-    "JetSpecGenerateOutput",
-    "JetSpecHead",
-    "OracleDrafter",
-    "best_first_tree",
-    "DECODING_FUNCTIONS",
-    "STRATEGIES",
-    "chain_tree",
-    "custom_generate_path",
-    "default_head",
-    "default_model",
-    "enable",
-    "jacobi_generate",
-    "jetspec_generate",
-    "speculative_jacobi_generate",
-    "tune_mkl",
-]
+__all__ = sorted([*_EXPORTS, "custom_generate_path"])

@@ -2,19 +2,19 @@
 
 Used by the package (``hf_jetspec.DECODING_FUNCTIONS``, the ``custom_generate`` folder), the CLI (``generate
 --strategy``) and the benchmark (``bench --strategies``). Adding a strategy is one `StrategySpec` entry.
+
+The registry imports neither torch nor transformers (the decoding functions are named ``"module:function"`` and
+imported on first use), so the command line checks strategy names before it pays for those imports.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-
-from .decoding.jacobi import jacobi_generate
-from .decoding.jetspec import jetspec_generate
-from .decoding.spec_jacobi import speculative_jacobi_generate
-from .drafters import OracleDrafter
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -31,24 +31,33 @@ class Resources:
 
 @dataclass(frozen=True)
 class StrategySpec:
-    """``function``: the ``custom_generate`` callable (None: transformers' own decoding, steered by ``options``);
+    """``entry``: the ``custom_generate`` callable as ``"module:function"`` under ``hf_jetspec`` (None:
+    transformers' own decoding, steered by ``options``), imported by `function`;
     ``options``: fixed extra ``generate()`` kwargs; ``tuned``: kwargs taken from the `Resources` settings;
     ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``) or ``"reference"`` (plain greedy's
     output: benchmark only); ``budgeted``: takes a tree budget (the benchmark expands it over ``--budgets``)."""
 
     name: str
     description: str
-    function: Callable | None = None
+    entry: str | None = None
     options: dict = field(default_factory=dict)
     tuned: Callable[[Resources], dict] | None = None
     needs: tuple[str, ...] = ()
     budgeted: bool = False
 
+    @property
+    def function(self) -> Callable | None:
+        """The ``custom_generate`` callable (imported on first use), or None for transformers' own decoding."""
+        if self.entry is None:
+            return None
+        module, _, name = self.entry.partition(":")
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
     def generate_kwargs(self, resources: Resources, budget: int | None = None,
                         reference: torch.Tensor | None = None, vocab: int | None = None) -> dict:
         """The kwargs that make ``model.generate()`` run this strategy (``do_sample`` and lengths not included)."""
         kwargs = dict(self.options) | (self.tuned(resources) if self.tuned is not None else {})
-        if self.function is not None:
+        if self.entry is not None:
             kwargs |= {"custom_generate": self.function, "return_dict_in_generate": True}
         if self.budgeted:
             kwargs["tree_budget"] = budget
@@ -59,10 +68,12 @@ class StrategySpec:
         if "draft_model" in self.needs:
             if resources.draft_model is None:
                 raise ValueError(f"The {self.name!r} strategy needs a draft model (--draft-model or --draft-layers)")
-            kwargs["assistant_model" if self.function is None else "draft_model"] = resources.draft_model
+            kwargs["assistant_model" if self.entry is None else "draft_model"] = resources.draft_model
         if "reference" in self.needs:
             if reference is None:
                 raise ValueError(f"The {self.name!r} strategy needs the reference output (benchmark only)")
+            from .drafters import OracleDrafter
+
             kwargs["drafter"] = OracleDrafter(reference, vocab, resources.block_size)
         return kwargs
 
@@ -71,32 +82,40 @@ def _registry(*specs: StrategySpec) -> dict[str, StrategySpec]:
     return {spec.name: spec for spec in specs}
 
 
+JACOBI, SPEC_JACOBI, JETSPEC = ("decoding.jacobi:jacobi_generate", "decoding.spec_jacobi:speculative_jacobi_generate",
+                                "decoding.jetspec:jetspec_generate")
+
 STRATEGIES: dict[str, StrategySpec] = _registry(
     StrategySpec("ar", "plain generate() (the baseline)"),
     StrategySpec("prompt-lookup", "transformers' prompt lookup decoding (n-gram match in the prompt, a chain)",
                  tuned=lambda r: {"prompt_lookup_num_tokens": r.prompt_lookup_tokens}),
     StrategySpec("assisted", "transformers' assisted decoding with a draft model", needs=("draft_model",)),
-    StrategySpec("jacobi", "Jacobi decoding, new slots guessed by n-gram lookup", jacobi_generate),
-    StrategySpec("jacobi-pad", "Jacobi decoding, textbook pad initialisation", jacobi_generate, {"init": "pad"}),
-    StrategySpec("jacobi-pool", "Jacobi decoding plus a Lookahead-style n-gram pool", jacobi_generate,
+    StrategySpec("jacobi", "Jacobi decoding, new slots guessed by n-gram lookup", JACOBI),
+    StrategySpec("jacobi-pad", "Jacobi decoding, textbook pad initialisation", JACOBI, {"init": "pad"}),
+    StrategySpec("jacobi-pool", "Jacobi decoding plus a Lookahead-style n-gram pool", JACOBI,
                  tuned=lambda r: {"ngram_pool": r.jacobi_pool}),
-    StrategySpec("spec-jacobi", "speculative Jacobi decoding with a draft model", speculative_jacobi_generate,
-                 needs=("draft_model",)),
-    StrategySpec("jetspec", "JetSpec tree decoding with the draft head", jetspec_generate, needs=("head",),
-                 budgeted=True),
-    StrategySpec("jetspec-chain", "JetSpec with a linear draft (chain)", jetspec_generate,
-                 {"tree_builder": "chain"}, needs=("head",), budgeted=True),
-    StrategySpec("jetspec-rrs", "JetSpec tree, recursive-rejection sampling rule", jetspec_generate,
-                 {"sampling_rule": "rrs"}, needs=("head",), budgeted=True),
-    StrategySpec("jetspec-oracle", "JetSpec drafting plain greedy's own output (upper bound)", jetspec_generate,
+    StrategySpec("spec-jacobi", "speculative Jacobi decoding with a draft model", SPEC_JACOBI, needs=("draft_model",)),
+    StrategySpec("jetspec", "JetSpec tree decoding with the draft head", JETSPEC, needs=("head",), budgeted=True),
+    StrategySpec("jetspec-chain", "JetSpec with a linear draft (chain)", JETSPEC, {"tree_builder": "chain"},
+                 needs=("head",), budgeted=True),
+    StrategySpec("jetspec-rrs", "JetSpec tree, recursive-rejection sampling rule", JETSPEC, {"sampling_rule": "rrs"},
+                 needs=("head",), budgeted=True),
+    StrategySpec("jetspec-oracle", "JetSpec drafting plain greedy's own output (upper bound)", JETSPEC,
                  needs=("reference",), budgeted=True),
 )
 
-# The custom_generate callables by name: every strategy a user can run by name (the oracle needs a reference).
-DECODING_FUNCTIONS: dict[str, Callable] = {
-    name: spec.function for name, spec in STRATEGIES.items() if spec.function is not None and not spec.options
-    and spec.tuned is None and "reference" not in spec.needs
-}
+
+def decoding_functions() -> dict[str, Callable]:
+    """The custom_generate callables by name: every strategy a user can run by name (the oracle needs a
+    reference). Also available as ``DECODING_FUNCTIONS`` (computed on first access: it imports the loops)."""
+    return {name: spec.function for name, spec in STRATEGIES.items() if spec.entry is not None and not spec.options
+            and spec.tuned is None and "reference" not in spec.needs}
+
+
+def __getattr__(name: str):
+    if name == "DECODING_FUNCTIONS":
+        return decoding_functions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_strategy(name: str) -> StrategySpec:

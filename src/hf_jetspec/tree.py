@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .limits import MAX_FORWARD_TOKENS
+
 
 @dataclass
 class DraftTree:
@@ -25,6 +27,8 @@ class DraftTree:
     children: list[dict[int, int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
+        if len(self) > MAX_FORWARD_TOKENS:  # its dense ancestor matrix and mask grow with the square of the size
+            raise ValueError(f"A draft tree holds at most {MAX_FORWARD_TOKENS} nodes, got {len(self)}")
         if not self.children:
             self.children = [{} for _ in range(len(self))]
             for node, (parent, token) in enumerate(zip(self.parents.tolist(), self.tokens.tolist())):

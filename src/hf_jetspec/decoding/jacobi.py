@@ -24,6 +24,7 @@ import torch
 
 from ..attention import plan_tree_attention
 from ..cache import cache_kwarg, keep_positions, room_left
+from ..limits import check_window_limits
 from ..outputs import DecodingStats, Timer
 from ..tokens import TokenSelector, TokenWriter, remaining_tokens
 from ..tree import DraftTree
@@ -234,6 +235,7 @@ def jacobi_generate(
         raise ValueError(f"window and ngram_pool must be >= 0, got {window} and {ngram_pool}")
     pool = NgramPool(pool_ngram_size) if ngram_pool else None
     cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
+    check_window_limits(model, input_ids.shape[1], generation_config, window, ngram_pool, pool_ngram_size)
     plan = plan_tree_attention(model, tree_kernel)
     cache_key = cache_kwarg(model)
     selector = TokenSelector(logits_processor, generation_config, generator)

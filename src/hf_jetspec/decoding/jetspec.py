@@ -14,6 +14,8 @@ from ..cache import cache_kwarg, keep_positions, room_left
 from ..drafters import Drafter, HeadDrafter
 from ..features import FeatureTap
 from ..head import JetSpecHead
+from ..limits import check_tree_limits
+from ..models import as_draft_head
 from ..outputs import DecodingStats, Timer
 from ..sampling import DEFAULT_SAMPLING_RULE, check_sampling_rule, draft_distributions, rejection_walk, sampled_tree
 from ..tokens import TokenSelector, TokenWriter, remaining_tokens
@@ -66,7 +68,8 @@ def jetspec_generate(
     sampling: the same distribution).
 
     Args (beyond ``generate()``'s own):
-        draft_head: the `JetSpecHead` made for this target (or ``drafter``: any `Drafter`, e.g. `OracleDrafter`).
+        draft_head: the `JetSpecHead` made for this target, or its folder / Hub id (loaded on each call); or
+            ``drafter``: any `Drafter`, e.g. `OracleDrafter`.
         tree_budget: tree nodes verified per step, root included (1 = plain decoding); default: the head's
             ``config.tree_budget`` (32).
         tree_width: candidate tokens per depth; default: the head's ``config.tree_width`` (8).
@@ -86,8 +89,10 @@ def jetspec_generate(
     """
     if tree_builder not in TREE_BUILDERS:
         raise ValueError(f"Unknown tree_builder {tree_builder!r}; choose from {sorted(TREE_BUILDERS)}")
+    draft_head = as_draft_head(draft_head, model)
     tree_budget, tree_width = tree_settings(draft_head, tree_budget, tree_width)
     cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
+    check_tree_limits(model, generation_config, tree_budget, tree_width)
     drafter = resolve_drafter(model, draft_head, drafter)
     build_tree = TREE_BUILDERS[tree_builder]
     rejection = check_sampling_rule(sampling_rule) == "rrs" and bool(generation_config.do_sample)

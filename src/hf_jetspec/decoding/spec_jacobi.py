@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from ..attention import plan_tree_attention
 from ..cache import cache_kwarg, check_cache, keep_positions
+from ..limits import check_window_limits
 from ..outputs import DecodingStats, Timer
 from ..tokens import TokenSelector, TokenWriter
 from ..verify import verify_tree
@@ -156,6 +157,7 @@ def speculative_jacobi_generate(
         raise ValueError(f"num_draft_tokens must be >= 1 and jacobi_iterations >= 0, got {num_draft_tokens} and "
                          f"{jacobi_iterations}")
     cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
+    check_window_limits(model, input_ids.shape[1], generation_config, num_draft_tokens, name="num_draft_tokens")
     draft = DraftRunner(draft_model, model.get_output_embeddings().weight.shape[0])
     plan = plan_tree_attention(model, tree_kernel)
     cache_key = cache_kwarg(model)
