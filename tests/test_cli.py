@@ -11,27 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_target
-from transformers import AutoTokenizer
 
 from hf_jetspec import JetSpecHead, bench
 from hf_jetspec.cli import main
 from hf_jetspec.cpu import mkl_code_path
-from hf_jetspec.models import convert_gguf, find_smollm2_gguf
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Llama with SmolLM2's tokenizer (and chat template), saved as an HF folder, plus a head."""
-    folder = tmp_path_factory.mktemp("tiny")
-    tokenizer = AutoTokenizer.from_pretrained(convert_gguf(find_smollm2_gguf()))
-    model = make_target("llama", vocab=len(tokenizer), hidden=32, layers=2, heads=2, kv_heads=1,
-                        eos_token_id=tokenizer.eos_token_id)
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
-    torch.manual_seed(0)
-    JetSpecHead.for_target(model, block_size=6).save_pretrained(folder / "head")
-    return folder
 
 
 @pytest.fixture

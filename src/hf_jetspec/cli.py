@@ -10,6 +10,7 @@ import argparse
 import math
 import sys
 import time
+from contextlib import contextmanager
 
 from . import __version__
 from .limits import MAX_FORWARD_TOKENS
@@ -223,17 +224,30 @@ def check_arguments(args) -> None:
             raise CLIError(f"No prompts in {args.prompts}")
 
 
-def quiet_libraries(verbose: bool) -> None:
+@contextmanager
+def quiet_libraries(verbose: bool):
     """Without --verbose: no transformers warnings (generation-flag notices, load reports) and no "Loading
-    weights" / download progress bars; the command's own progress stays."""
+    weights" / download progress bars while the command runs; the command's own progress stays. The previous
+    settings come back afterwards (``main`` may run inside a larger program)."""
     if verbose:
+        yield
         return
     import huggingface_hub.utils
-    import transformers
+    from transformers.utils import logging
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    verbosity, bars, hub_bars_off = (logging.get_verbosity(), logging.is_progress_bar_enabled(),
+                                     huggingface_hub.utils.are_progress_bars_disabled())
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
     huggingface_hub.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+        if not hub_bars_off:
+            huggingface_hub.utils.enable_progress_bars()
 
 
 # ------------------------------------------------------------------------------------------------------- loading
@@ -480,8 +494,8 @@ def main(argv: list[str] | None = None) -> int:
             from .cpu import tune_mkl
 
             tune_mkl()
-        quiet_libraries(args.verbose if hasattr(args, "verbose") else False)
-        return args.func(args)
+        with quiet_libraries(getattr(args, "verbose", False)):
+            return args.func(args)
     except (CLIError, ValueError, OSError) as err:
         return _error(err)
     except KeyError as err:
