@@ -306,7 +306,8 @@ def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
         ax.set_ylabel(label)
         if metric == "speedup":
             ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:  # not for a benchmark of plain generate only
+            ax.legend(fontsize="small")
         fig.tight_layout()
         path = directory / f"{metric}_per_category.png"
         _save(fig, path)
@@ -325,7 +326,8 @@ def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree budget (nodes verified per step)")
     ax.set_ylabel("tokens per target forward")
-    ax.legend(fontsize="small")
+    if curves:
+        ax.legend(fontsize="small")
     fig.tight_layout()
     path = directory / "tau_vs_budget.png"
     _save(fig, path)

@@ -108,13 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(p):
-        p.add_argument("--model", metavar="PATH", help="HF model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
-        p.add_argument("--head", metavar="PATH", help="JetSpec head folder or Hub id made for --model (default: the shipped head "
-                                      "for the default model, else an untrained one)")
+        p.add_argument("--model", metavar="PATH",
+                       help="HF model folder or Hub id (default: the embedded SmolLM2-135M-Instruct)")
+        p.add_argument("--head", metavar="PATH",
+                       help="JetSpec head folder or Hub id made for --model (default: the shipped head for the "
+                            "default model, else an untrained one)")
         p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
                        help="weights' dtype (default: float32; bfloat16/float16 outputs may drift from plain "
                             "greedy, see docs/compatibility.md)")
-        p.add_argument("--device", default=None, metavar="DEVICE", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
+        p.add_argument("--device", default=None, metavar="DEVICE",
+                       help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
         p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                        help="apply the chat template when the tokenizer has one (default: on)")
         p.add_argument("--verbose", action="store_true",
@@ -132,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--strategy", choices=GENERATE_STRATEGIES, default="jetspec", metavar="NAME",
                    help=f"decoding strategy: {', '.join(GENERATE_STRATEGIES)} (default: jetspec; `hf-jetspec bench "
                         "--help` says what each does)")
-    g.add_argument("--max-new-tokens", type=_integer(1), default=128, metavar="N", help="most tokens to generate (default: 128)")
+    g.add_argument("--max-new-tokens", type=_integer(1), default=128, metavar="N",
+                   help="most tokens to generate (default: 128)")
     g.add_argument("--budget", "--budgets", dest="budget", type=_budget, default=None, metavar="N",
                    help=f"tree budget: nodes verified per step, 1..{MAX_FORWARD_TOKENS} (default: the head's)")
     g.add_argument("--temperature", type=_number(0.0), default=0.0, metavar="T",
@@ -141,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="nucleus sampling: keep the smallest top set of probability >= P (needs --temperature > 0)")
     g.add_argument("--top-k", type=_integer(0), default=None, metavar="K",
                    help="sample among the K most likely tokens, 0 = all (needs --temperature > 0)")
-    g.add_argument("--seed", type=_integer(0), default=None, metavar="S", help="seed torch's generator before each run (sampling)")
+    g.add_argument("--seed", type=_integer(0), default=None, metavar="S",
+                   help="seed torch's generator before each run (sampling)")
     draft_args(g, "--strategy spec-jacobi / assisted")
     g.add_argument("--compare", action="store_true",
                    help="also time plain generate(): a warm-up, then --repeats interleaved runs of each; prints the "
@@ -161,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--field", default="prompt", help="JSONL field holding the prompt text (default: prompt)")
     b.add_argument("--category-field", default=None, help="JSONL field holding the category (default: none)")
     b.add_argument("--limit", type=_integer(1), default=None, metavar="N", help="prompts per category (default: all)")
-    b.add_argument("--max-new-tokens", type=_integer(1), default=128, metavar="N", help="tokens per answer (default: 128)")
+    b.add_argument("--max-new-tokens", type=_integer(1), default=128, metavar="N",
+                   help="tokens per answer (default: 128)")
     b.add_argument("--strategies", type=_comma_list(_strategy_name), default=["ar", "jetspec"], metavar="LIST",
                    help="comma list of: " + ", ".join(STRATEGIES) + " (default: ar,jetspec)")
     b.add_argument("--budgets", "--budget", dest="budgets", type=_comma_list(_budget), default=[32], metavar="LIST",
