@@ -311,6 +311,22 @@ def _median_spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
 
+def busy_note() -> str | None:
+    """A warning when other work already keeps this machine's CPUs busy (1-minute load average above the core
+    count): timings then depend on it, and (with torch's default threads) multi-token forwards suffer most."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"this machine is busy (load average {load:.1f} on {cores} cores): timings depend on the other work; "
+            "the speedup below is a median of interleaved runs, but compare it with an idle machine's")
+
+
 def _eos_ids(model) -> set[int]:
     eos = model.generation_config.eos_token_id
     return set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
@@ -332,6 +348,8 @@ def cmd_generate(args) -> int:
     if args.compare and not compare:
         _note("--compare with --strategy ar would compare plain generate with itself: skipped")
     if compare:  # neither timing may pay for first-call setup
+        if (busy := busy_note()) is not None:
+            _note(busy)
         _progress(f"[compare] warming up {args.strategy} and plain generate ...", end=" ")
         warm = time.perf_counter()
         timed_generate(model, ids, kwargs | {"max_new_tokens": min(WARMUP_TOKENS, args.max_new_tokens)}, args.seed)
