@@ -37,6 +37,12 @@ _EXPORTS = {
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
+    if module is None and not name.startswith("__"):  # a submodule as an attribute: hf_jetspec.models.load_target
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
