@@ -323,8 +323,9 @@ def busy_note() -> str | None:
     cores = os.cpu_count() or 1
     if load <= cores:
         return None
-    return (f"this machine is busy (load average {load:.1f} on {cores} cores): timings depend on the other work; "
-            "the speedup below is a median of interleaved runs, but compare it with an idle machine's")
+    return (f"this machine is busy (load average {load:.1f} on {cores} cores): timings depend on the other work "
+            "(the speedup below is a median of interleaved runs; OMP_NUM_THREADS=1 avoids torch's threads "
+            "waiting on each other)")
 
 
 def _eos_ids(model) -> set[int]:
