@@ -107,6 +107,7 @@ def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
         assert stats["matches_greedy"] is True
     assert payload["strategies"]["jetspec-oracle@8"]["tau"] > 1.5
     assert payload["machine"]["torch"] and payload["settings"]["max_new_tokens"] == 10
+    assert payload["settings"]["budgets"] == "4,8" and payload["settings"]["temperatures"] == "0"
     assert {p.name for p in plots.iterdir()} >= {"speedup_per_category.png", "tau_per_category.png",
                                                   "tau_vs_budget.png"}
 

@@ -470,7 +470,8 @@ def cmd_bench(args) -> int:
     if args.per_category:
         for category, summary in result.per_category().items():
             print(f"\n[{category}]\n{bench.format_table(summary)}")
-    settings = {k: v for k, v in vars(args).items() if k not in ("func", "prompt_list")}
+    settings = {k: ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if isinstance(v, list) else v
+                for k, v in vars(args).items() if k not in ("func", "prompt_list")}  # lists as typed: "ar,jetspec"
     status = save_results(args, bench.results_payload(result, model, settings), result)
     if result.mismatches and exact:
         print(f"FAILED: {len(result.mismatches)} greedy outputs differ from plain greedy generate", file=sys.stderr)
