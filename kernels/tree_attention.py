@@ -115,16 +115,11 @@ def _check_parents(parents: torch.Tensor) -> None:
 
 
 def _ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """Ancestor-or-self matrix ``bool[N, N]`` from ``parents[N]`` by pointer doubling: O(N^2 log N) tensor work,
-    no Python loop over nodes."""
-    n = parents.numel()
-    reach = torch.eye(n, dtype=torch.bool, device=parents.device)  # ancestors at distance < 2^k
-    jump = parents.clone()  # 2^k-th ancestor, -1 past the root
-    for _ in range(max(1, math.ceil(math.log2(n)) + 1)):
-        has_jump = jump >= 0
-        reach = reach | (reach[jump.clamp(min=0)] & has_jump[:, None])
-        jump = torch.where(has_jump, jump[jump.clamp(min=0)], jump)
-    return reach
+    """Ancestor-or-self matrix ``bool[N, N]`` from ``parents[N]``: `hf_jetspec.tree.ancestor_matrix`, the one
+    ancestor routine (imported on call: see this package's ``__init__`` on import order)."""
+    from ..tree import ancestor_matrix
+
+    return ancestor_matrix(parents)
 
 
 def _check_ancestor_matrix(ancestors: torch.Tensor) -> None:

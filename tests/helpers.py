@@ -56,7 +56,10 @@ class ScrambledOracle:
     def start(self) -> None:
         pass
 
-    def propose(self, ids: torch.Tensor, new_features, depth: int) -> torch.Tensor:
+    def observe(self, features, visited) -> None:
+        pass
+
+    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
         start, depth = ids.shape[1], min(depth, self.block_size - 1)
         gen = torch.Generator().manual_seed(self.seed * 100_003 + start)
         logits = torch.randn(depth, self.vocab, generator=gen) * 2

@@ -241,3 +241,48 @@ def test_main_dataset_answers_with_states(tmp_path, tokenizer):
     assert stored == {r["id"]: r["input_ids"] for r in rows}
     data.main(argv)  # resumed: nothing added
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_generate_to_stores_interleaves_sources_and_resumes(tokenizer, tiny_model, tmp_path, monkeypatch):
+    from hf_jetspec.training.answers import AnswerStore, chunk_paths, read_answers
+
+    prompts = {name: data.build_prompts([_conversation(f"{name}{i}", f"{name} question {i}") for i in range(n)],
+                                        tokenizer)[0] for name, n in (("x", 5), ("y", 2))}
+    order, generate_batch = [], data.generate_batch
+    monkeypatch.setattr(data, "generate_batch",
+                        lambda model, tok, batch, **kw: order.append(batch[0]["id"][0]) or generate_batch(
+                            model, tok, batch, **kw))
+    stores = {name: AnswerStore(tmp_path, name, chunk_rows=2) for name in prompts}
+    kwargs = {"batch_size": 2, "max_new_tokens": 3}
+    assert data.generate_to_stores(tiny_model, tokenizer, prompts, stores, limit=3, **kwargs) == 5
+    assert order == ["x", "y", "x"]  # one batch of each source in turn
+    stores = {name: AnswerStore(tmp_path, name, chunk_rows=2) for name in prompts}
+    assert data.generate_to_stores(tiny_model, tokenizer, prompts, stores, **kwargs) == 2
+    assert data.generate_to_stores(tiny_model, tokenizer, prompts, stores, **kwargs) == 0
+    rows = {r["id"]: r for r in read_answers(tmp_path)}
+    assert sorted(rows) == sorted(p["id"] for ps in prompts.values() for p in ps)
+    assert [len(chunk_paths(tmp_path / name)) for name in prompts] == [3, 1]
+    for prompt in prompts["x"]:
+        assert rows[prompt["id"]]["input_ids"][: rows[prompt["id"]]["prompt_len"]] == prompt["input_ids"]
+
+
+def test_main_store_end_to_end(tmp_path, capsys):
+    from hf_jetspec.training.features import read_rows
+
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(SHAREGPT)
+    (tmp_path / "prompts").mkdir()
+    (tmp_path / "prompts" / "math.jsonl").write_text(json.dumps({"id": "math:m:0", "question": "What is 2+2?"}) + "\n")
+    store = tmp_path / "answers"
+    argv = ["--sharegpt", str(sharegpt), "--store", str(store), "--source", "sharegpt-open,math,leetcode",
+            "--prompts-dir", str(tmp_path / "prompts"), "--max-new-tokens", "2", "--limit", "1", "--dtype", "bf16"]
+    data.main(argv)
+    out = capsys.readouterr().out
+    assert "math: {" in out and "'kept': 1" in out and "wrote 3 rows" in out
+    rows = read_rows(store)
+    assert {r["id"].split(":")[0] for r in rows} == {"a", "leetcode", "math"}
+    assert json.loads((store / "math" / "meta.json").read_text())["settings"]["dtype"] == "bf16"
+    data.main(argv)
+    assert "wrote 0 rows" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        data.parse_args(["--store", str(store), "--out", str(tmp_path / "x.jsonl")])

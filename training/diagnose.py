@@ -20,7 +20,7 @@ import torch
 from hf_jetspec.drafters import HeadDrafter
 from hf_jetspec.head import JetSpecHead
 
-from .features import FeatureStore, read_jsonl, split_rows, target_states
+from .features import FeatureStore, read_rows, split_rows, target_states
 from .loss import head_block_hidden
 
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     target, _ = load_target(args.model, "float32", None)
     head = JetSpecHead.from_pretrained(args.head).eval()
-    train, held = split_rows([read_jsonl(path) for path in args.data], args.eval_count, args.seed)
+    train, held = split_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
     store = FeatureStore(*args.features) if args.features else None
     results = {name: depth_accuracy(head, target, _sequences(rows, store))
                for name, rows in (("held_out", held), ("training", train[: args.count]))}

@@ -39,6 +39,19 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows ``{"id", "input_ids", "prompt_len", "finish"}`` of a JSONL file, of an answer store (a folder of source
+    folders, e.g. ``data/answers``) or of one source folder of it (``data/answers/leetcode``)."""
+    from .answers import META, read_answers
+
+    path = Path(path)
+    if not path.is_dir():
+        return read_jsonl(path)
+    if (path / META).exists():
+        return list(read_answers(path.parent, [path.name]))
+    return list(read_answers(path))
+
+
 def split_rows(files: list[list[dict]], eval_count: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
     """(training rows, evaluation rows) from the JSONL rows of one or more files (one row list per file): rows of
     the benchmark's held-out conversations dropped, duplicate ids dropped, ``eval_count`` random rows of the FIRST

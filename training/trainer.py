@@ -22,7 +22,7 @@ from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.head import JetSpecHead
 
 from .data import eos_token_ids
-from .features import FeatureStore, read_jsonl, target_states, training_rows
+from .features import FeatureStore, read_rows, target_states, training_rows
 from .loss import jetspec_loss, logits_projection, sample_anchors
 from .vocab import frequent_tokens
 
@@ -186,8 +186,9 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="hf-jetspec train", description="Train a JetSpec head with the Trainer.")
     p.add_argument("--data", required=True, nargs="+",
-                   help="JSONL file(s) of {id, input_ids, prompt_len} (see hf_jetspec.training.data); the "
-                        "--eval-count evaluation rows come from the first file, so adding files keeps them")
+                   help="JSONL file(s) of {id, input_ids, prompt_len} or answer store folder(s) (see "
+                        "hf_jetspec.training.data); the --eval-count evaluation rows come from the first file, so "
+                        "adding files keeps them")
     p.add_argument("--features", default=None, nargs="+",
                    help="feature store folder(s): used as they are when they exist (e.g. recorded by the data "
                         "generator with --states-dir); a single missing folder is built from the data on first "
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
     from hf_jetspec.models import SMOLLM2_HUB_ID
 
     args = parse_args(argv)
-    files = [read_jsonl(path) for path in args.data]
+    files = [read_rows(path) for path in args.data]
     all_rows = [r for rows in files for r in rows]
     train_rows, eval_prompts = training_rows(files, args.eval_count, args.seed)
     not_trained = {str(r["id"]) for r in all_rows} - {str(r["id"]) for r in train_rows}  # held out or eval

@@ -48,7 +48,7 @@ def coverage(rows: Iterable[dict], vocab: Iterable[int]) -> float:
 def main(argv=None) -> int:
     from hf_jetspec.head import JetSpecHead
 
-    from .features import read_jsonl, training_rows
+    from .features import read_rows, training_rows
 
     p = argparse.ArgumentParser(description="Give a saved head a draft vocabulary from training data")
     p.add_argument("--data", required=True, nargs="+", help="JSONL rows {id, input_ids, prompt_len}")
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                    help="rows the trainer set aside for evaluation (as its --eval-count; excluded here too)")
     p.add_argument("--seed", type=int, default=0, help="the trainer's --seed (which rows it set aside)")
     args = p.parse_args(argv)
-    rows, _ = training_rows([read_jsonl(path) for path in args.data], args.eval_count, args.seed)
+    rows, _ = training_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
     head = JetSpecHead.from_pretrained(args.head)
     head.config.draft_vocab = frequent_tokens(rows, args.size, args.eos, head.config.vocab_size)
     head.config.validate_head()

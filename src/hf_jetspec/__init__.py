@@ -14,11 +14,13 @@ __version__ = "0.1.0"
 
 # name -> submodule that defines it
 _EXPORTS = {
+    "Calibration": "calibration",
     "JetSpecConfig": "config",
     "tune_mkl": "cpu",
     "jacobi_generate": "decoding",
     "jetspec_generate": "decoding",
     "speculative_jacobi_generate": "decoding",
+    "suffix_generate": "decoding",
     "HeadDrafter": "drafters",
     "OracleDrafter": "drafters",
     "JetSpecHead": "head",
@@ -27,8 +29,14 @@ _EXPORTS = {
     "default_model": "models",
     "DecodingStats": "outputs",
     "JetSpecGenerateOutput": "outputs",
+    "RetrievalDrafter": "retrieval",
     "DECODING_FUNCTIONS": "strategies",
     "STRATEGIES": "strategies",
+    "Candidates": "suffix_index",
+    "ContextIndex": "suffix_index",
+    "CorpusIndex": "suffix_index",
+    "merge_candidates": "suffix_index",
+    "tokenizer_fingerprint": "suffix_index",
     "DraftTree": "tree",
     "best_first_tree": "tree",
     "chain_tree": "tree",

@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--head", metavar="PATH",
                        help="JetSpec head folder or Hub id made for --model (default: the shipped head for the "
                             "default model, else an untrained one)")
+        p.add_argument("--datastore", default=None, metavar="PATH",
+                       help="retrieval datastore (datastore.safetensors or its folder; default: the head's)")
         p.add_argument("--dtype", choices=DTYPE_NAMES, default="float32",
                        help="weights' dtype (default: float32; bfloat16/float16 outputs may drift from plain "
                             "greedy, see docs/compatibility.md)")
@@ -162,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           for name, spec in STRATEGIES.items()))
     model_args(b)
     b.add_argument("--prompts", default="mt-bench",
-                   help="mt-bench | sharegpt | a JSONL file with one JSON object per line (default: mt-bench)")
+                   help="mt-bench | sharegpt | code-math | a JSONL file with one JSON object per line (default: "
+                        "mt-bench)")
     b.add_argument("--field", default="prompt", help="JSONL field holding the prompt text (default: prompt)")
     b.add_argument("--category-field", default=None, help="JSONL field holding the category (default: none)")
     b.add_argument("--limit", type=_integer(1), default=None, metavar="N", help="prompts per category (default: all)")
@@ -259,6 +262,23 @@ def quiet_libraries(verbose: bool):
 # ------------------------------------------------------------------------------------------------------- loading
 
 
+def load_datastore(path, head_path, model, head):
+    """The retrieval datastore: ``--datastore PATH``, else the head's (``--head`` or the shipped default head's)."""
+    from .retrieval import load_retrieval_assets
+    from .suffix_index import CorpusIndex
+
+    if path is not None:
+        return CorpusIndex.load(path)
+    if head is not None:
+        return head.datastore
+    if head_path is None:
+        from .models import default_head
+
+        head = default_head(model)
+        return None if head is None else head.datastore
+    return load_retrieval_assets(head_path)[0]
+
+
 def load_resources(args, model, names):
     """The `Resources` the strategies ``names`` need: the head (``--head`` or the shipped default) and the draft
     model (``--draft-model`` / ``--draft-layers``)."""
@@ -269,6 +289,8 @@ def load_resources(args, model, names):
     resources = Resources(block_size=getattr(args, "oracle_block", 16))
     if "head" in needs:
         resources.head = load_head(args.head, model, on_untrained=_note)
+    if "datastore" in needs:
+        resources.datastore = load_datastore(args.datastore, args.head, model, resources.head)
     if "draft_model" in needs:
         resources.draft_model = load_draft(model, args.draft_model, args.draft_layers, args.dtype, args.device)
     return resources

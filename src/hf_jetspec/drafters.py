@@ -1,11 +1,15 @@
 """Drafters: what proposes the per-depth distributions a draft tree is built from.
 
 A drafter has ``block_size`` (it drafts depths 1 .. block_size - 1 below the anchor), ``layer_ids`` (target layers
-whose hidden states it reads; empty for none), ``start()`` (reset before a new sequence) and
-``propose(ids, new_features, depth) -> logits [min(depth, block_size - 1), V]`` where ``ids [1, L + 1]`` is the
-committed sequence (its last token is the anchor, not yet in the target's cache), ``new_features [n, F]`` the target
-features of the positions committed since the previous call and ``depth`` the deepest level the tree can use this
-step (it may be 0: the drafter still takes in ``new_features``).
+whose hidden states it reads; empty for none) and owns its state:
+
+- ``start()``: reset before a new sequence;
+- ``observe(features, visited)``: the target's tapped states of its latest forward (``features [n, F]``, None when
+  no layers are tapped) and which of those positions were committed (``visited``: node indices of a verified tree;
+  None: all of them, the prompt after prefill);
+- ``propose(ids, depth) -> logits [min(depth, block_size - 1), V]``: ``ids [1, L + 1]`` is the committed sequence
+  (its last token is the anchor, not yet in the target's cache), ``depth`` the deepest level the tree can use this
+  step (it may be 0: the drafter still takes in what it observed).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ class Drafter(Protocol):
 
     def start(self) -> None: ...
 
-    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None, depth: int) -> torch.Tensor: ...
+    def observe(self, features: torch.Tensor | None, visited: list[int] | None) -> None: ...
+
+    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor: ...
 
 
 class HeadDrafter:
@@ -40,18 +46,24 @@ class HeadDrafter:
             self.lm_head = DraftVocabProjection(self.lm_head, head.config.draft_vocab, dtype=head.fc.weight.dtype)
         self.block_size = head.config.block_size
         self.layer_ids = list(head.config.target_layer_ids)
-        self.context = HeadContext()
+        self.start()
 
     def start(self) -> None:
         self.context = HeadContext()
+        self.pending: list[torch.Tensor] = []  # committed positions' features not yet in the head's context
 
-    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None, depth: int) -> torch.Tensor:
-        if self.context.length + new_features.shape[0] != ids.shape[1] - 1:
+    def observe(self, features: torch.Tensor | None, visited: list[int] | None) -> None:
+        self.pending.append(features if visited is None else features[visited])
+
+    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
+        new = self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending)
+        if self.context.length + new.shape[0] != ids.shape[1] - 1:
             raise RuntimeError(
-                f"Head context out of sync: {self.context.length} + {new_features.shape[0]} features for "
+                f"Head context out of sync: {self.context.length} + {new.shape[0]} features for "
                 f"{ids.shape[1] - 1} committed positions"
             )
-        return self.head.draft(self.context, new_features, int(ids[0, -1]), self.embed, self.lm_head, depth)
+        self.pending = []
+        return self.head.draft(self.context, new, int(ids[0, -1]), self.embed, self.lm_head, depth)
 
 
 class DraftVocabProjection:
@@ -91,7 +103,10 @@ class OracleDrafter:
     def start(self) -> None:
         pass
 
-    def propose(self, ids: torch.Tensor, new_features: torch.Tensor | None, depth: int) -> torch.Tensor:
+    def observe(self, features: torch.Tensor | None, visited: list[int] | None) -> None:
+        pass
+
+    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
         depth = max(0, min(depth, self.block_size - 1))
         start = ids.shape[1]
         future = self.reference[start : start + depth].to(ids.device)

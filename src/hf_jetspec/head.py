@@ -165,6 +165,8 @@ class JetSpecHead(PreTrainedModel):
         self.layers = nn.ModuleList(JetSpecLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config.head_dim, config.rope_theta)
+        self.datastore = None  # a CorpusIndex of the target's own text (retrieval drafting), saved beside the weights
+        self.calibration = None  # a Calibration of merged-tree acceptance estimates, saved beside the weights
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -258,12 +260,21 @@ class JetSpecHead(PreTrainedModel):
         problems = {key: info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(key)}
         if problems:
             raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {name!s}: {problems}")
+        from .retrieval import load_retrieval_assets
+
+        model.datastore, model.calibration = load_retrieval_assets(name)
         return (model, info) if want_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """``PreTrainedModel.save_pretrained`` (config.json + model.safetensors) plus a README.md model card."""
+        """``PreTrainedModel.save_pretrained`` (config.json + model.safetensors) plus a README.md model card, and the
+        retrieval datastore (``datastore.safetensors``) and calibration (``calibration.json``) when the head has
+        them (``head.datastore``: a `CorpusIndex`; ``head.calibration``: a `Calibration`)."""
         super().save_pretrained(save_directory, *args, **kwargs)
         model_card(self.config).save(os.path.join(save_directory, "README.md"))
+        if getattr(self, "datastore", None) is not None:
+            self.datastore.save(save_directory)
+        if getattr(self, "calibration", None) is not None:
+            self.calibration.save(save_directory)
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload weights, config and model card to the Hub (see `hf_jetspec.hub.push_head`)."""

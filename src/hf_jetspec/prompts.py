@@ -1,4 +1,5 @@
-"""Prompt sets for benchmarks: MT-Bench (by category), ShareGPT held-out prompts, or any JSONL file."""
+"""Prompt sets for benchmarks: MT-Bench (by category), ShareGPT held-out prompts, the code/math evaluation set, or any
+JSONL file."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+
+CODE_MATH_EVAL = Path(__file__).parent / "assets" / "eval" / "code_math.jsonl"
 
 
 @dataclass(frozen=True)
@@ -96,12 +100,20 @@ def jsonl_prompts(path: str | Path, field: str, category_field: str | None = Non
     return out
 
 
+def code_math_prompts() -> list[Prompt]:
+    """The held-out code/math evaluation set: 24 LeetCode problems held back from training and 24 generated math
+    questions (categories ``code`` and ``math``); how it was made: docs/training.md."""
+    return jsonl_prompts(CODE_MATH_EVAL, "prompt", "category")
+
+
 def load_prompts(name: str, *, field: str = "prompt", category_field: str | None = None) -> list[Prompt]:
-    """``mt-bench`` | ``sharegpt`` | a JSONL path."""
+    """``mt-bench`` | ``sharegpt`` | ``code-math`` | a JSONL path."""
     if name == "mt-bench":
         return mt_bench_prompts()
     if name == "sharegpt":
         return sharegpt_prompts()
+    if name == "code-math":
+        return code_math_prompts()
     return jsonl_prompts(name, field, category_field)
 
 

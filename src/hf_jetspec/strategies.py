@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     import torch
 
 
+def resolve(entry: str) -> Callable:
+    """The function ``"module:function"`` names under ``hf_jetspec`` (imported now)."""
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+
 @dataclass
 class Resources:
     """What strategies need besides the target: the head, a draft model, the reference output (oracle) and the
@@ -24,6 +30,7 @@ class Resources:
 
     head: object | None = None
     draft_model: object | None = None
+    datastore: object | None = None  # a CorpusIndex for the retrieval strategies (default: the head's)
     block_size: int = 16  # the oracle drafter's block
     prompt_lookup_tokens: int = 10
     jacobi_pool: int = 8  # pool n-grams verified per forward by 'jacobi-pool'
@@ -34,8 +41,9 @@ class StrategySpec:
     """``entry``: the ``custom_generate`` callable as ``"module:function"`` under ``hf_jetspec`` (None:
     transformers' own decoding, steered by ``options``), imported by `function`;
     ``options``: fixed extra ``generate()`` kwargs; ``tuned``: kwargs taken from the `Resources` settings;
-    ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``) or ``"reference"`` (plain greedy's
-    output: benchmark only); ``budgeted``: takes a tree budget (the benchmark expands it over ``--budgets``)."""
+    ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``; ``"datastore"`` is optional) or
+    ``"reference"`` (plain greedy's output: benchmark only); ``budgeted``: takes a tree budget (the benchmark
+    expands it over ``--budgets``)."""
 
     name: str
     description: str
@@ -48,10 +56,7 @@ class StrategySpec:
     @property
     def function(self) -> Callable | None:
         """The ``custom_generate`` callable (imported on first use), or None for transformers' own decoding."""
-        if self.entry is None:
-            return None
-        module, _, name = self.entry.partition(":")
-        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+        return None if self.entry is None else resolve(self.entry)
 
     def generate_kwargs(self, resources: Resources, budget: int | None = None,
                         reference: torch.Tensor | None = None, vocab: int | None = None) -> dict:
@@ -82,8 +87,8 @@ def _registry(*specs: StrategySpec) -> dict[str, StrategySpec]:
     return {spec.name: spec for spec in specs}
 
 
-JACOBI, SPEC_JACOBI, JETSPEC = ("decoding.jacobi:jacobi_generate", "decoding.spec_jacobi:speculative_jacobi_generate",
-                                "decoding.jetspec:jetspec_generate")
+JACOBI, SPEC_JACOBI = "decoding.jacobi:jacobi_generate", "decoding.spec_jacobi:speculative_jacobi_generate"
+JETSPEC, SUFFIX = "decoding.jetspec:jetspec_generate", "decoding.suffix:suffix_generate"
 
 STRATEGIES: dict[str, StrategySpec] = _registry(
     StrategySpec("ar", "plain generate() (the baseline)"),
@@ -95,21 +100,28 @@ STRATEGIES: dict[str, StrategySpec] = _registry(
     StrategySpec("jacobi-pool", "Jacobi decoding plus a Lookahead-style n-gram pool", JACOBI,
                  tuned=lambda r: {"ngram_pool": r.jacobi_pool}),
     StrategySpec("spec-jacobi", "speculative Jacobi decoding with a draft model", SPEC_JACOBI, needs=("draft_model",)),
-    StrategySpec("jetspec", "JetSpec tree decoding with the draft head", JETSPEC, needs=("head",), budgeted=True),
+    StrategySpec("suffix", "suffix decoding: retrieval trees from the prompt, the output and the head's datastore "
+                 "(no head)", SUFFIX, tuned=lambda r: {"datastore": r.datastore}, needs=("datastore",)),
+    StrategySpec("jetspec", "JetSpec: the head's drafts merged with retrieval in one calibrated tree", JETSPEC,
+                 tuned=lambda r: {} if r.datastore is None else {"retrieval": r.datastore},
+                 needs=("head", "datastore"), budgeted=True),
+    StrategySpec("jetspec-head", "JetSpec with the head alone (no retrieval)", JETSPEC, {"retrieval": False},
+                 needs=("head",), budgeted=True),
     StrategySpec("jetspec-chain", "JetSpec with a linear draft (chain)", JETSPEC, {"tree_builder": "chain"},
                  needs=("head",), budgeted=True),
     StrategySpec("jetspec-rrs", "JetSpec tree, recursive-rejection sampling rule", JETSPEC, {"sampling_rule": "rrs"},
                  needs=("head",), budgeted=True),
     StrategySpec("jetspec-oracle", "JetSpec drafting plain greedy's own output (upper bound)", JETSPEC,
-                 needs=("reference",), budgeted=True),
+                 {"retrieval": False}, needs=("reference",), budgeted=True),
 )
+
+# The custom_generate callables by name (``DECODING_FUNCTIONS``, computed on first access: it imports the loops).
+DECODING_NAMES = {"jetspec": JETSPEC, "suffix": SUFFIX, "jacobi": JACOBI, "spec-jacobi": SPEC_JACOBI}
 
 
 def decoding_functions() -> dict[str, Callable]:
-    """The custom_generate callables by name: every strategy a user can run by name (the oracle needs a
-    reference). Also available as ``DECODING_FUNCTIONS`` (computed on first access: it imports the loops)."""
-    return {name: spec.function for name, spec in STRATEGIES.items() if spec.entry is not None and not spec.options
-            and spec.tuned is None and "reference" not in spec.needs}
+    """The custom_generate callables by name (also ``DECODING_FUNCTIONS``)."""
+    return {name: resolve(entry) for name, entry in DECODING_NAMES.items()}
 
 
 def __getattr__(name: str):

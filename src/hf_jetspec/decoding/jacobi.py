@@ -22,14 +22,10 @@ from collections import OrderedDict
 
 import torch
 
-from ..attention import plan_tree_attention
-from ..cache import cache_kwarg, keep_positions, room_left
+from ..acceptance import accept_walk
 from ..limits import check_window_limits
-from ..outputs import DecodingStats, Timer
-from ..tokens import TokenSelector, TokenWriter, remaining_tokens
 from ..tree import DraftTree
-from ..verify import accept_walk, verify_tree
-from .common import prefill, validate_call
+from .session import DecodingSession
 
 INITIALISERS = ("pad", "repeat-last", "random", "ngram")
 DEFAULT_WINDOW = 8
@@ -123,55 +119,24 @@ class NgramPool:
 # ------------------------------------------------------------------------------------------------ one iteration
 
 
-def token_trie(anchor: int, branches: list[list[int]], device) -> tuple[DraftTree, list[int]]:
-    """The tree rooted at ``anchor`` holding every branch (shared prefixes merged); also the node of each depth of
-    the first branch (root first)."""
-    tokens, parents, depths, children = [anchor], [-1], [0], [{}]
-    first = [0]
-    for b, branch in enumerate(branches):
-        node = 0
-        for token in branch:
-            child = children[node].get(token)
-            if child is None:
-                child = children[node][token] = len(tokens)
-                tokens.append(token)
-                parents.append(node)
-                depths.append(depths[node] + 1)
-                children.append({})
-            node = child
-            if b == 0:
-                first.append(node)
-    tree = DraftTree(
-        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-        parents=torch.tensor(parents, dtype=torch.long, device=device),
-        depths=torch.tensor(depths, dtype=torch.long, device=device),
-        scores=torch.zeros(len(tokens), device=device),
-        children=children,
-    )
-    return tree, first
-
-
-def verify_guesses(model, branches: list[list[int]], selector: TokenSelector, writer: TokenWriter, cache,
-                   prefix: int, plan, cache_key: str) -> tuple[list[int], list[int]]:
+def verify_guesses(session: DecodingSession, branches: list[list[int]]) -> tuple[list[int], list[int]]:
     """One target forward over ``[anchor ; branches]`` (branch 0: the Jacobi window; others: pool candidates),
-    emitting the target's tokens along the longest matching path and compacting the cache to it.
+    emitting the target's tokens along the longest matching path and committing it.
 
     Returns (the visited nodes, root first; the target's raw argmax prediction at each branch-0 node).
     """
-    tree, chain = token_trie(int(writer.ids[0, -1]), branches, writer.ids.device)
-    logits = verify_tree(model, tree, cache, prefix, plan, cache_key)
-    visited = accept_walk(tree, logits, selector, writer)
-    keep_positions(cache, prefix, visited)
+    tree, chain = DraftTree.from_branches(session.anchor, branches, session.ids.device)
+    logits = session.verify(tree)
+    visited = accept_walk(tree, logits, session.selector, session.writer)
+    session.commit(visited)
     return visited, logits[chain].argmax(dim=-1).tolist()
 
 
-def _fit_static(branches: list[list[int]], room: int | None) -> list[list[int]]:
-    """Drop pool branches whose nodes would not fit a StaticCache (the root takes one slot)."""
-    if room is None:
-        return branches
+def fit_branches(branches: list[list[int]], max_nodes: int) -> list[list[int]]:
+    """Branch 0 and as many further branches as fit ``max_nodes`` tree nodes (the root takes one)."""
     kept, used = [branches[0]], 1 + len(branches[0])
     for branch in branches[1:]:
-        if used + len(branch) <= room:
+        if used + len(branch) <= max_nodes:
             kept.append(branch)
             used += len(branch)
     return kept
@@ -185,13 +150,6 @@ def leading_matches(guesses: list[int], committed: list[int]) -> int:
             break
         count += 1
     return count
-
-
-def window_limit(writer: TokenWriter, generation_config, cache, prefix: int) -> int:
-    """Most guesses one forward may carry: it commits at most guesses + 1 tokens, and a StaticCache must fit them."""
-    room = room_left(cache, prefix)
-    limit = remaining_tokens(writer, generation_config) - 1
-    return max(0, min(limit, room - 1) if room is not None else limit)
 
 
 def jacobi_generate(
@@ -233,51 +191,36 @@ def jacobi_generate(
         raise ValueError(f"Unknown Jacobi init {init!r}; choose from {INITIALISERS}")
     if window < 0 or ngram_pool < 0:
         raise ValueError(f"window and ngram_pool must be >= 0, got {window} and {ngram_pool}")
-    pool = NgramPool(pool_ngram_size) if ngram_pool else None
-    cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
     check_window_limits(model, input_ids.shape[1], generation_config, window, ngram_pool, pool_ngram_size)
-    plan = plan_tree_attention(model, tree_kernel)
-    cache_key = cache_kwarg(model)
-    selector = TokenSelector(logits_processor, generation_config, generator)
-    writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer, token_streamer)
-    timer, stats = Timer(input_ids.device), DecodingStats()
+    pool = NgramPool(pool_ngram_size) if ngram_pool else None
     pad_id, vocab = pad_token(generation_config, model), model.get_output_embeddings().weight.shape[0]
     rng = torch.Generator().manual_seed(init_seed)
     slot_accepts, pool_tokens = [0] * window, 0
 
-    start = timer.now()
-    logits = prefill(model, input_ids, model_kwargs)
-    stats.prefill_time = timer.now() - start
-    scores = selector.scores(writer.ids, logits)
-    writer.emit(selector.choose(scores), scores, logits)
-    prefix = input_ids.shape[1]
-    guesses = new_slots(init, writer.ids[0], window, pad_id, vocab, rng)
-    while not writer.finished:
-        writer.flush()
-        n = min(window, window_limit(writer, generation_config, cache, prefix))
-        branches = [guesses[:n]]
-        if pool is not None and n > 0:
-            depth = min(n, pool_ngram_size - 1)
-            branches += [c[:depth] for c in pool.candidates(int(writer.ids[0, -1]), ngram_pool)]
-            branches = _fit_static(branches, room_left(cache, prefix))
-        before, inputs = writer.length, [int(writer.ids[0, -1])] + branches[0]
-        t0 = timer.now()
-        visited, predictions = verify_guesses(model, branches, selector, writer, cache, prefix, plan, cache_key)
-        stats.target_time += timer.now() - t0
-        accepted = len(visited) - 1
-        converged = min(accepted, leading_matches(branches[0], writer.ids[0, before:].tolist()))
-        for i in range(converged):
-            slot_accepts[i] += 1
-        pool_tokens += accepted - converged
-        if pool is not None:
-            pool.harvest(prefix, inputs, predictions)
-        prefix += len(visited)
-        stats.accept_lengths.append(writer.length - before)
-        carried = predictions[accepted + 1 :]
-        context = torch.cat((writer.ids[0], writer.ids.new_tensor(carried)))
-        guesses = carried + new_slots(init, context, window - len(carried), pad_id, vocab, rng)
-    stats.total_time = timer.now() - start
-    stats.extra.update(iterations=len(stats.accept_lengths), slot_accepts=slot_accepts, pool_tokens=pool_tokens,
-                       window=window, init=init)
-    return writer.result(generation_config, cache, stats)
-
+    with DecodingSession(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                         streamer, model_kwargs, token_streamer=token_streamer, generator=generator,
+                         tree_kernel=tree_kernel) as session:
+        session.prefill()
+        guesses = new_slots(init, session.ids[0], window, pad_id, vocab, rng)
+        while not session.finished:
+            n = min(window, session.max_depth())
+            branches = [guesses[:n]]
+            if pool is not None and n > 0:
+                depth = min(n, pool_ngram_size - 1)
+                branches += [c[:depth] for c in pool.candidates(session.anchor, ngram_pool)]
+                branches = fit_branches(branches, session.node_room(1 + sum(map(len, branches))))
+            before, prefix, inputs = session.writer.length, session.prefix, [session.anchor] + branches[0]
+            visited, predictions = verify_guesses(session, branches)
+            accepted = len(visited) - 1
+            converged = min(accepted, leading_matches(branches[0], session.ids[0, before:].tolist()))
+            for i in range(converged):
+                slot_accepts[i] += 1
+            pool_tokens += accepted - converged
+            if pool is not None:
+                pool.harvest(prefix, inputs, predictions)
+            carried = predictions[accepted + 1 :]
+            context = torch.cat((session.ids[0], session.ids.new_tensor(carried)))
+            guesses = carried + new_slots(init, context, window - len(carried), pad_id, vocab, rng)
+        session.stats.extra.update(iterations=len(session.stats.accept_lengths), slot_accepts=slot_accepts,
+                                   pool_tokens=pool_tokens, window=window, init=init)
+        return session.finish()

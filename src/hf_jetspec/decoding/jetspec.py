@@ -9,40 +9,53 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import plan_tree_attention
-from ..cache import cache_kwarg, keep_positions, room_left
+from ..acceptance import DEFAULT_SAMPLING_RULE, accept, check_sampling_rule, draft_distributions
+from ..calibration import Calibration, resolve_node_cost
 from ..drafters import Drafter, HeadDrafter
-from ..features import FeatureTap
 from ..head import JetSpecHead
 from ..limits import check_tree_limits
 from ..models import as_draft_head
-from ..outputs import DecodingStats, Timer
-from ..sampling import DEFAULT_SAMPLING_RULE, check_sampling_rule, draft_distributions, rejection_walk, sampled_tree
-from ..tokens import TokenSelector, TokenWriter, remaining_tokens
-from ..tree import TREE_BUILDERS
-from ..verify import accept_walk, verify_tree
-from .common import prefill, validate_call
+from ..retrieval import DEFAULT_RETRIEVAL_DEPTH, RetrievalDrafter, resolve_retrieval
+from ..tree import TREE_BUILDERS, DraftTree, merged_tree, sampled_tree
+from .session import DecodingSession
 
 DEFAULT_TREE_BUDGET = 32
 DEFAULT_TREE_WIDTH = 8
 
 
-def tree_settings(draft_head: JetSpecHead | None, budget: int | None, width: int | None) -> tuple[int, int]:
-    """Per-call values win, then the head's config (``tree_budget`` / ``tree_width``), then the defaults."""
+def tree_settings(draft_head: JetSpecHead | None, budget: int | None, width: int | None, merged: bool = False
+                  ) -> tuple[int, int]:
+    """Per-call values win, then the head's config (``tree_budget`` / ``tree_width``), then the defaults. A merged
+    tree (retrieval on) stops growing by itself, so its default budget is at least `DEFAULT_TREE_BUDGET`."""
     config = draft_head.config if draft_head is not None else None
-    budget = budget if budget is not None else getattr(config, "tree_budget", DEFAULT_TREE_BUDGET)
+    default = getattr(config, "tree_budget", DEFAULT_TREE_BUDGET)
+    budget = budget if budget is not None else max(default, DEFAULT_TREE_BUDGET) if merged else default
     width = width if width is not None else getattr(config, "tree_width", DEFAULT_TREE_WIDTH)
     if budget < 1 or width < 1:
         raise ValueError(f"tree_budget and tree_width must be >= 1, got {budget} and {width}")
     return budget, width
 
 
-def resolve_drafter(model, draft_head: JetSpecHead | None, drafter: Drafter | None) -> Drafter:
+def resolve_drafter(model, draft_head: JetSpecHead | None, drafter: Drafter | None, required: bool = True
+                    ) -> Drafter | None:
     if drafter is not None:
         return drafter
     if draft_head is None:
-        raise ValueError("JetSpec decoding needs a draft head: pass draft_head=JetSpecHead.from_pretrained(...).")
+        if not required:
+            return None
+        raise ValueError("JetSpec decoding needs a draft head: pass draft_head=JetSpecHead.from_pretrained(...) "
+                         "(or use hf_jetspec.suffix_generate: retrieval drafting without a head).")
     return HeadDrafter(draft_head, model)
+
+
+def log_records(log: list, tree: DraftTree, records: list, visited: list[int]) -> None:
+    """Calibration records of one verified merged tree: every node whose parent was accepted, with its features and
+    whether it was accepted itself."""
+    reached, parents = set(visited), tree.parents.tolist()
+    for node in range(1, len(tree)):
+        if parents[node] in reached:
+            kind, x = records[node]
+            log.append({"kind": kind, "x": x, "accepted": node in reached})
 
 
 def jetspec_generate(
@@ -60,6 +73,11 @@ def jetspec_generate(
     tree_builder: str = "best_first",
     tree_kernel: bool | None = None,
     sampling_rule: str = DEFAULT_SAMPLING_RULE,
+    retrieval=None,
+    retrieval_depth: int = DEFAULT_RETRIEVAL_DEPTH,
+    calibration: Calibration | None = None,
+    node_cost: float | str | None = "auto",
+    calibration_log: list | None = None,
     token_streamer=None,
     generator: torch.Generator | None = None,
     **model_kwargs,
@@ -69,7 +87,8 @@ def jetspec_generate(
 
     Args (beyond ``generate()``'s own):
         draft_head: the `JetSpecHead` made for this target, or its folder / Hub id (loaded on each call); or
-            ``drafter``: any `Drafter`, e.g. `OracleDrafter`.
+            ``drafter``: any `Drafter`, e.g. `OracleDrafter`; optional only when ``retrieval`` is given explicitly
+            (retrieval drafting alone: `suffix_generate`).
         tree_budget: tree nodes verified per step, root included (1 = plain decoding); default: the head's
             ``config.tree_budget`` (32).
         tree_width: candidate tokens per depth; default: the head's ``config.tree_width`` (8).
@@ -79,7 +98,18 @@ def jetspec_generate(
             ignores it): ``"match"`` (default) drafts the top tokens and follows the child carrying the target's own
             sample (draw for draw what plain sampling draws); ``"rrs"`` draws each node's children from the
             processed draft distribution without replacement and verifies them by recursive rejection
-            (`hf_jetspec.sampling`). Both are exact.
+            (`hf_jetspec.acceptance`). Both are exact.
+        retrieval: also draft continuations of text already written (`hf_jetspec.retrieval`): this call's prompt and
+            output, and a datastore; merged with the head's drafts into one tree, best-first by calibrated
+            acceptance estimates (`hf_jetspec.tree.merged_tree`). None (default): on, with the head's own datastore
+            (``head.datastore``) when it has one, except for the "rrs" sampling rule and the chain builder (head
+            only); False: head only; True: on; a `CorpusIndex`: on, with that datastore; a `RetrievalDrafter`.
+        retrieval_depth: the deepest retrieved continuation.
+        calibration: the acceptance estimates of merged trees (default: ``head.calibration``, else defaults).
+        node_cost: with retrieval, the tree stops growing when the next node's expected gain no longer pays for
+            verifying it: ``"auto"`` (default) = the calibration's stored cost, else measured once on this device
+            (`hf_jetspec.calibration.measure_node_cost`); a number (kappa); None = always fill ``tree_budget``.
+        calibration_log: a list receiving a calibration record per verified node (`hf_jetspec.calibration.fit`).
         token_streamer: a streamer receiving tokens as they are accepted (``generate()`` does not forward its own
             ``streamer=`` to ``custom_generate`` callables; the ``assistant_model`` route forwards it).
         generator: ``torch.Generator`` for reproducible sampling.
@@ -90,55 +120,51 @@ def jetspec_generate(
     if tree_builder not in TREE_BUILDERS:
         raise ValueError(f"Unknown tree_builder {tree_builder!r}; choose from {sorted(TREE_BUILDERS)}")
     draft_head = as_draft_head(draft_head, model)
-    tree_budget, tree_width = tree_settings(draft_head, tree_budget, tree_width)
-    cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
-    check_tree_limits(model, generation_config, tree_budget, tree_width)
-    drafter = resolve_drafter(model, draft_head, drafter)
-    build_tree = TREE_BUILDERS[tree_builder]
     rejection = check_sampling_rule(sampling_rule) == "rrs" and bool(generation_config.do_sample)
-    plan = plan_tree_attention(model, tree_kernel)
-    cache_key = cache_kwarg(model)
-    selector = TokenSelector(logits_processor, generation_config, generator)
-    writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer, token_streamer)
-    timer, stats = Timer(input_ids.device), DecodingStats()
+    retriever = resolve_retrieval(retrieval, draft_head, model, head_only=rejection or tree_builder == "chain",
+                                  depth=retrieval_depth)
+    tree_budget, tree_width = tree_settings(draft_head, tree_budget, tree_width, merged=retriever is not None)
+    check_tree_limits(model, generation_config, tree_budget, tree_width)
+    drafter = resolve_drafter(model, draft_head, drafter, required=retriever is None or retrieval is None)
+    build_tree = TREE_BUILDERS[tree_builder]
+    calibration = calibration or getattr(draft_head, "calibration", None) or Calibration()
+    kappa = resolve_node_cost(node_cost, calibration, model) if retriever is not None else None
 
-    start = timer.now()
-    drafter.start()
-    with FeatureTap(model, drafter.layer_ids) as tap:
-        logits = prefill(model, input_ids, model_kwargs)
-        features = tap.features()
-        stats.prefill_time = timer.now() - start
-        scores = selector.scores(writer.ids, logits)
-        writer.emit(selector.choose(scores), scores, logits)
-        prefix = input_ids.shape[1]
-        while not writer.finished:
-            writer.flush()
-            budget = min(tree_budget, room_left(cache, prefix) or tree_budget)
-            depth = min(drafter.block_size - 1, remaining_tokens(writer, generation_config) - 1, budget - 1)
-            t0 = timer.now()
-            draft = drafter.propose(writer.ids, None if features is None else features[0], depth)
-            t1 = timer.now()
-            if rejection:
-                q = draft_distributions(selector, writer.ids, draft[:depth])
-                shape = build_tree(int(writer.ids[0, -1]), q.log(), budget, width=tree_width, max_depth=depth)
-                tree = sampled_tree(shape, q, selector.generator)
-            else:
-                tree = build_tree(int(writer.ids[0, -1]), draft, budget, width=tree_width, max_depth=depth)
-            t2 = timer.now()
-            logits = verify_tree(model, tree, cache, prefix, plan, cache_key)
-            features = tap.features()
-            t3 = timer.now()
-            before = writer.length
-            if rejection:
-                visited = rejection_walk(tree, logits, q, selector, writer)
-            else:
-                visited = accept_walk(tree, logits, selector, writer)
-            keep_positions(cache, prefix, visited)
-            if features is not None:
-                features = features[:, visited]
-            prefix += len(visited)
-            stats.accept_lengths.append(writer.length - before)
-            stats.draft_time += t1 - t0
-            stats.target_time += t3 - t2
-    stats.total_time = timer.now() - start
-    return writer.result(generation_config, cache, stats)
+    def draft_tree(session: DecodingSession) -> tuple[DraftTree, torch.Tensor | None, list | None]:
+        """This step's tree; for the "rrs" rule also the processed draft distributions it was drawn from; for a
+        merged tree the nodes' calibration records."""
+        budget = session.node_room(tree_budget)
+        depth = min(drafter.block_size - 1, budget - 1, session.max_depth()) if drafter is not None else 0
+        with session.drafting():
+            draft = drafter.propose(session.ids, depth) if drafter is not None else None
+            found = retriever.candidates(session.ids, min(budget - 1, session.max_depth())) if retriever else None
+        if retriever is not None:
+            probs = torch.softmax(draft[:depth].float(), dim=-1) if depth > 0 else None
+            tree, records = merged_tree(session.anchor, probs, found, calibration, budget, tree_width,
+                                        node_cost=kappa, device=session.ids.device)
+            return tree, None, records
+        if not rejection:
+            return build_tree(session.anchor, draft, budget, width=tree_width, max_depth=depth), None, None
+        q = draft_distributions(session.selector, session.ids, draft[:depth])
+        shape = build_tree(session.anchor, q.log(), budget, width=tree_width, max_depth=depth)
+        return sampled_tree(shape, q, session.selector.generator), q, None
+
+    with DecodingSession(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                         streamer, model_kwargs, token_streamer=token_streamer, generator=generator,
+                         tree_kernel=tree_kernel, layer_ids=drafter.layer_ids if drafter else ()) as session:
+        for part in (drafter, retriever):
+            if part is not None:
+                part.start()
+        session.prefill()
+        if drafter is not None:
+            drafter.observe(session.features, None)
+        while not session.finished:
+            tree, q, records = draft_tree(session)
+            logits = session.verify(tree)
+            visited = accept(tree, logits, session.selector, session.writer, q)
+            session.commit(visited)
+            if drafter is not None:
+                drafter.observe(session.features, visited)
+            if calibration_log is not None and records is not None:
+                log_records(calibration_log, tree, records, visited)
+        return session.finish()

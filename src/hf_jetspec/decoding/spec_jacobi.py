@@ -7,7 +7,8 @@ Greedy: a draft token is accepted iff it equals the target's choice (the Jacobi 
 plain ``generate()``'s. Sampling: standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023) on the
 PROCESSED distributions (target and draft logits both go through the prepared logits processors): accept d_i with
 probability ``min(1, p(d_i) / q(d_i))``, else draw from ``norm(max(0, p - q))``; after K acceptances draw from p.
-Every committed token is then distributed exactly as the target's.
+That is recursive rejection on a chain (`hf_jetspec.acceptance.rejection_walk`). Every committed token is then
+distributed exactly as the target's.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ..attention import plan_tree_attention
+from ..acceptance import accept
 from ..cache import cache_kwarg, check_cache, keep_positions
 from ..limits import check_window_limits
-from ..outputs import DecodingStats, Timer
-from ..tokens import TokenSelector, TokenWriter
-from ..verify import verify_tree
-from .common import prefill, validate_call
-from .jacobi import leading_matches, token_trie, verify_guesses, window_limit
+from ..tokens import TokenSelector
+from ..tree import DraftTree
+from .jacobi import leading_matches
+from .session import DecodingSession
 
 DEFAULT_DRAFT_TOKENS = 5
 
@@ -76,45 +76,16 @@ def draft_chain(draft: DraftRunner, selector: TokenSelector, ids: torch.Tensor, 
     return tokens, torch.cat(dists) if dists else None
 
 
-def speculative_sample(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The speculative sampling rule over drafted chains, batched.
-
-    drafts ``[B, K]``; q ``[B, K, V]``: draft distribution each draft was drawn from; p ``[B, K + 1, V]``: target
-    distributions at the same positions plus the one after the chain. Returns (accepted ``[B]`` in 0..K, next
-    token ``[B]``): the residual draw at the first rejection, or a draw from ``p[:, K]`` when all were accepted.
-    """
-    batch, k = drafts.shape
-    px = p[:, :k].gather(-1, drafts[..., None])[..., 0]
-    qx = q.gather(-1, drafts[..., None])[..., 0]
-    u = torch.rand(batch, k, generator=generator, device=p.device)
-    accepted = (u * qx < px).long().cumprod(dim=-1).sum(dim=-1)  # P(accept) = min(1, px / qx)
-    residual = torch.cat(((p[:, :k] - q).clamp_min(0), p[:, k:]), dim=1)
-    rows = torch.arange(batch, device=p.device)
-    dist = residual[rows, accepted]
-    dist = torch.where(dist.sum(-1, keepdim=True) > 0, dist, p[rows, accepted])  # p == q up to rounding
-    return accepted, torch.multinomial(dist, 1, generator=generator)[:, 0]
-
-
-def sample_chain(model, drafts: list[int], q: torch.Tensor, selector: TokenSelector, writer: TokenWriter, cache,
-                 prefix: int, plan, cache_key: str) -> tuple[list[int], list[int]]:
-    """Verify a sampled draft chain in one target forward with `speculative_sample`; emit the committed tokens
-    (each with the target's processed scores). Returns the nodes whose KV stays cached (root first) and the
-    target's raw argmax at every chain node (Jacobi guesses for a later iteration)."""
-    tree, _ = token_trie(int(writer.ids[0, -1]), [drafts], writer.ids.device)
-    logits = verify_tree(model, tree, cache, prefix, plan, cache_key)
-    chain = torch.cat((writer.ids, writer.ids.new_tensor([drafts])), dim=1)
-    base = writer.length
-    scores = torch.cat([selector.scores(chain[:, : base + i], logits[i : i + 1]) for i in range(len(drafts) + 1)])
-    p = torch.softmax(scores, dim=-1)
-    accepted, token = speculative_sample(writer.ids.new_tensor([drafts]), q[None], p[None], selector.generator)
-    committed = drafts[: int(accepted)] + [int(token)]
-    for i, tok in enumerate(committed):
-        if writer.emit(tok, scores[i : i + 1], logits[i : i + 1]) or i == len(committed) - 1:
-            visited = list(range(i + 1))
-            keep_positions(cache, prefix, visited)
-            return visited, logits.argmax(dim=-1).tolist()
-    raise AssertionError("unreachable")
+def verify_chain(session: DecodingSession, guesses: list[int], q: torch.Tensor | None) -> tuple[list[int], list[int]]:
+    """Verify the chain ``[anchor ; guesses]`` in one target forward and commit what the acceptance rule takes:
+    recursive rejection against the draft distributions ``q [K, V]`` they were sampled from, or the match walk
+    (greedy drafts, Jacobi guesses). Returns (the visited nodes, root first; the target's raw argmax at every chain
+    node: Jacobi guesses for a later iteration)."""
+    tree, _ = DraftTree.from_branches(session.anchor, [guesses], session.ids.device)
+    logits = session.verify(tree)
+    visited = accept(tree, logits, session.selector, session.writer, q)
+    session.commit(visited)
+    return visited, logits.argmax(dim=-1).tolist()
 
 
 def speculative_jacobi_generate(
@@ -156,56 +127,39 @@ def speculative_jacobi_generate(
     if num_draft_tokens < 1 or jacobi_iterations < 0:
         raise ValueError(f"num_draft_tokens must be >= 1 and jacobi_iterations >= 0, got {num_draft_tokens} and "
                          f"{jacobi_iterations}")
-    cache = validate_call(model, input_ids, generation_config, synced_gpus, model_kwargs)
     check_window_limits(model, input_ids.shape[1], generation_config, num_draft_tokens, name="num_draft_tokens")
     draft = DraftRunner(draft_model, model.get_output_embeddings().weight.shape[0])
-    plan = plan_tree_attention(model, tree_kernel)
-    cache_key = cache_kwarg(model)
-    selector = TokenSelector(logits_processor, generation_config, generator)
-    writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer, token_streamer)
-    timer, stats = Timer(input_ids.device), DecodingStats()
     slot_accepts, rounds, jacobi_tokens, draft_forwards = [0] * num_draft_tokens, 0, 0, 0
-
-    start = timer.now()
-    logits = prefill(model, input_ids, model_kwargs)
-    stats.prefill_time = timer.now() - start
-    scores = selector.scores(writer.ids, logits)
-    writer.emit(selector.choose(scores), scores, logits)
-    prefix = input_ids.shape[1]
     tail: list[int] = []  # the target's predictions for the rejected part of the last chain (Jacobi guesses)
     refinements = 0  # Jacobi iterations run since the last draft round
-    while not writer.finished:
-        writer.flush()
-        count = min(num_draft_tokens, window_limit(writer, generation_config, cache, prefix))
-        before = writer.length
-        jacobi = bool(tail) and refinements < jacobi_iterations and count > 0
-        t0 = timer.now()
-        if jacobi:
-            guesses, q = tail[:count], None
-            refinements += 1
-        else:
-            guesses, q = draft_chain(draft, selector, writer.ids, count) if count else ([], None)
-            draft_forwards += count
-            rounds += count > 0
-            refinements = 0
-        t1 = timer.now()
-        if q is not None:
-            visited, predictions = sample_chain(model, guesses, q, selector, writer, cache, prefix, plan, cache_key)
-        else:
-            visited, predictions = verify_guesses(model, [guesses], selector, writer, cache, prefix, plan, cache_key)
-        stats.target_time += timer.now() - t1
-        stats.draft_time += t1 - t0
-        accepted = len(visited) - 1
-        if jacobi:
-            jacobi_tokens += writer.length - before
-        else:
-            for i in range(min(accepted, leading_matches(guesses, writer.ids[0, before:].tolist()))):
-                slot_accepts[i] += 1
-        prefix += len(visited)
-        draft.sync(writer.ids)
-        tail = predictions[accepted + 1 :]
-        stats.accept_lengths.append(writer.length - before)
-    stats.total_time = timer.now() - start
-    stats.extra.update(rounds=rounds, iterations=len(stats.accept_lengths), jacobi_tokens=jacobi_tokens,
-                       draft_forwards=draft_forwards, slot_accepts=slot_accepts, num_draft_tokens=num_draft_tokens)
-    return writer.result(generation_config, cache, stats)
+
+    with DecodingSession(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                         streamer, model_kwargs, token_streamer=token_streamer, generator=generator,
+                         tree_kernel=tree_kernel) as session:
+        session.prefill()
+        while not session.finished:
+            count = min(num_draft_tokens, session.max_depth())
+            before = session.writer.length
+            jacobi = bool(tail) and refinements < jacobi_iterations and count > 0
+            with session.drafting():
+                if jacobi:
+                    guesses, q = tail[:count], None
+                    refinements += 1
+                else:
+                    guesses, q = draft_chain(draft, session.selector, session.ids, count) if count else ([], None)
+                    draft_forwards += count
+                    rounds += count > 0
+                    refinements = 0
+            visited, predictions = verify_chain(session, guesses, q)
+            accepted = len(visited) - 1
+            if jacobi:
+                jacobi_tokens += session.writer.length - before
+            else:
+                for i in range(min(accepted, leading_matches(guesses, session.ids[0, before:].tolist()))):
+                    slot_accepts[i] += 1
+            draft.sync(session.ids)
+            tail = predictions[accepted + 1 :]
+        session.stats.extra.update(rounds=rounds, iterations=len(session.stats.accept_lengths),
+                                   jacobi_tokens=jacobi_tokens, draft_forwards=draft_forwards,
+                                   slot_accepts=slot_accepts, num_draft_tokens=num_draft_tokens)
+        return session.finish()

@@ -1,0 +1,219 @@
+"""Calibrated acceptance estimates for merged draft trees, and the marginal cost of verifying one more node.
+
+A node of a merged tree (`hf_jetspec.tree.merged_tree`) is worth verifying in proportion to the probability that
+the target accepts its token given that it accepted its parent's path (its **edge probability**). Two logistic
+models estimate it from what the drafters know:
+
+- head-only nodes (the head's top tokens of a depth, not proposed by retrieval): ``sigmoid(a + b * logit(p_head)
+  + c * depth / 16)``; the default ``a = 0, b = 1, c = 0`` is the head's own probability;
+- retrieval nodes (proposed by the suffix indexes, maybe also by the head): ``sigmoid(w . x)`` over the features
+  `retrieval_features` names (head agreement, per source: proposed, count fraction, match length, occurrences;
+  depth).
+
+Both are fitted (`fit`) from verification records (``jetspec_generate(..., calibration_log=[])`` or
+``hf-jetspec bench --calibration-log FILE``): for every verified node whose parent was accepted, its features and
+whether it was accepted. A `Calibration` is saved as ``calibration.json`` beside a head / datastore.
+
+The node cost ``kappa``: verifying a tree of N nodes costs about ``1 + kappa * N`` single-token target forwards;
+the merged tree stops adding nodes when the next node's expected gain no longer pays for it
+(`worth_adding`). `measure_node_cost` times it on the current device.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import weakref
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+CALIBRATION_FILE = "calibration.json"
+SOURCES = ("context", "corpus")
+RETRIEVAL_FEATURES = ("bias", "head_logit", "has_head", "depth") + tuple(
+    f"{s}_{name}" for s in SOURCES for name in ("proposed", "fraction_logit", "match", "log_count")
+)
+HEAD_FEATURES = ("bias", "head_logit", "depth")
+LOGIT_CLIP = 9.0
+DEFAULT_RETRIEVAL_WEIGHTS = {
+    "bias": -1.5, "head_logit": 0.25, "has_head": 0.0, "depth": 0.0,
+    "context_proposed": 0.5, "context_fraction_logit": 0.5, "context_match": 2.0, "context_log_count": 0.2,
+    "corpus_proposed": 0.0, "corpus_fraction_logit": 0.5, "corpus_match": 2.0, "corpus_log_count": 0.2,
+}
+DEFAULT_HEAD_WEIGHTS = {"bias": 0.0, "head_logit": 1.0, "depth": 0.0}
+DEFAULT_NODE_COST = 0.05
+
+
+def clipped_logit(p: float, eps: float = 1e-4) -> float:
+    p = min(max(p, eps), 1.0 - eps)
+    return max(-LOGIT_CLIP, min(LOGIT_CLIP, math.log(p / (1.0 - p))))
+
+
+def head_features(p_head: float, depth: int) -> list[float]:
+    return [1.0, clipped_logit(p_head), depth / 16.0]
+
+
+def retrieval_features(p_head: float | None, depth: int, sources: dict[str, tuple[float, int, int]]) -> list[float]:
+    """Features of a retrieval node: ``p_head`` (the head's probability of this token at this depth, None without a
+    head) and, per source that proposed it, ``(count fraction after the parent, match length, count)``."""
+    x = [1.0, 0.0 if p_head is None else clipped_logit(p_head), 0.0 if p_head is None else 1.0, depth / 16.0]
+    for source in SOURCES:
+        if source in sources:
+            fraction, match, count = sources[source]
+            x += [1.0, clipped_logit(fraction, 0.01), min(match, 16) / 16.0, math.log1p(count)]
+        else:
+            x += [0.0, 0.0, 0.0, 0.0]
+    return x
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z)) if z > -60 else 0.0
+
+
+@dataclass
+class Calibration:
+    """Weights of the two edge models (by feature name) and the node cost ``kappa``; ``fitted_on``: how many
+    records each model was fitted on (0: defaults)."""
+
+    retrieval: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_RETRIEVAL_WEIGHTS))
+    head: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_HEAD_WEIGHTS))
+    node_cost: float | None = None
+    fitted_on: dict[str, int] = field(default_factory=lambda: {"retrieval": 0, "head": 0})
+
+    def __post_init__(self) -> None:
+        for name, weights, expected in (("retrieval", self.retrieval, RETRIEVAL_FEATURES),
+                                        ("head", self.head, HEAD_FEATURES)):
+            if set(weights) != set(expected):
+                raise ValueError(f"calibration {name!r} weights must name {list(expected)}, got {sorted(weights)}")
+        if self.node_cost is not None and not self.node_cost >= 0:
+            raise ValueError(f"node_cost must be >= 0, got {self.node_cost}")
+        self._w_retrieval = [float(self.retrieval[n]) for n in RETRIEVAL_FEATURES]
+        self._w_head = [float(self.head[n]) for n in HEAD_FEATURES]
+
+    def head_edge(self, p_head: float, depth: int) -> float:
+        return _sigmoid(sum(w * x for w, x in zip(self._w_head, head_features(p_head, depth))))
+
+    def retrieval_edge(self, features: list[float]) -> float:
+        return _sigmoid(sum(w * x for w, x in zip(self._w_retrieval, features)))
+
+    # ------------------------------------------------------------------------------------------------ persistence
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / CALIBRATION_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        """From ``calibration.json`` or a folder holding it; a clear ``ValueError`` when it is not one."""
+        path = Path(path)
+        path = path / CALIBRATION_FILE if path.is_dir() else path
+        try:
+            data = json.loads(path.read_text())
+            return cls(**data)
+        except FileNotFoundError:
+            raise
+        except (json.JSONDecodeError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: not a valid hf_jetspec calibration ({err})") from None
+
+
+# ---------------------------------------------------------------------------------------------------- fitting
+
+
+def _fit_logistic(x: torch.Tensor, y: torch.Tensor, start: list[float], l2: float = 1e-3) -> list[float]:
+    """Logistic regression by L-BFGS (BCE + ``l2`` * |w - start|^2: with few records the fit stays near the
+    defaults)."""
+    w0 = torch.tensor(start, dtype=torch.float64)
+    w = w0.clone().requires_grad_(True)
+    optimizer = torch.optim.LBFGS([w], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w, y) + l2 * ((w - w0) ** 2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return w.detach().tolist()
+
+
+def fit(records: list[dict], base: Calibration | None = None, node_cost: float | None = None) -> Calibration:
+    """A `Calibration` fitted on verification ``records`` (``{"kind": "head" | "retrieval", "x": [...],
+    "accepted": bool}``); a model with no records keeps ``base``'s (default) weights."""
+    base = base or Calibration()
+    weights = {"head": dict(base.head), "retrieval": dict(base.retrieval)}
+    fitted = dict(base.fitted_on)
+    for kind, names in (("head", HEAD_FEATURES), ("retrieval", RETRIEVAL_FEATURES)):
+        rows = [r for r in records if r["kind"] == kind]
+        if len(rows) < 20 or len({bool(r["accepted"]) for r in rows}) < 2:
+            continue
+        x = torch.tensor([r["x"] for r in rows], dtype=torch.float64)
+        y = torch.tensor([float(r["accepted"]) for r in rows], dtype=torch.float64)
+        fitted_w = _fit_logistic(x, y, [weights[kind][n] for n in names])
+        weights[kind] = dict(zip(names, fitted_w))
+        fitted[kind] = len(rows)
+    return Calibration(retrieval=weights["retrieval"], head=weights["head"],
+                       node_cost=node_cost if node_cost is not None else base.node_cost, fitted_on=fitted)
+
+
+# ---------------------------------------------------------------------------------------------------- node cost
+
+_MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def worth_adding(gain: float, expected_tokens: float, nodes: int, node_cost: float) -> bool:
+    """Whether a node whose path is accepted with probability ``gain`` raises the expected tokens per unit of
+    verification cost of a tree that has ``nodes`` nodes and ``expected_tokens`` = 1 + the sum of their gains:
+    ``(E + g) / (1 + k (N + 1)) > E / (1 + k N)`` <=> ``g > k E / (1 + k N)``."""
+    return gain > node_cost * expected_tokens / (1.0 + node_cost * nodes)
+
+
+@torch.no_grad()
+def measure_node_cost(model, nodes: int = 16, prefix: int = 64, repeats: int = 3) -> float:
+    """``kappa``: the extra cost of one more verified token relative to a one-token forward, timed on ``model``'s
+    device ((t(1 + nodes) - t(1)) / (nodes * t(1)), medians over ``repeats``, after a warm-up). Cached per model."""
+    if model in _MEASURED:
+        return _MEASURED[model]
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (1, prefix + 1 + nodes), generator=torch.Generator().manual_seed(0)).to(device)
+
+    def forward(count: int) -> float:
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(input_ids=ids[:, prefix : prefix + count], past_key_values=cache, use_cache=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    forward(1), forward(1 + nodes)
+    one = sorted(forward(1) for _ in range(repeats))[repeats // 2]
+    many = sorted(forward(1 + nodes) for _ in range(repeats))[repeats // 2]
+    kappa = max(0.0, (many - one) / (nodes * one))
+    _MEASURED[model] = kappa
+    return kappa
+
+
+def resolve_node_cost(node_cost, calibration: Calibration, model) -> float | None:
+    """kappa for a decoding call: ``"auto"`` = the calibration's stored cost, else measured on ``model``; a number;
+    None (or 0) = no adaptive stop."""
+    if node_cost == "auto":
+        return calibration.node_cost if calibration.node_cost is not None else measure_node_cost(model)
+    if node_cost is None or node_cost == 0:
+        return None
+    if not isinstance(node_cost, (int, float)) or node_cost < 0:
+        raise ValueError(f"node_cost must be 'auto', None or a number >= 0, got {node_cost!r}")
+    return float(node_cost)

@@ -1,0 +1,95 @@
+"""Calibration of merged-tree acceptance estimates: defaults, fitting, persistence, the node-cost rule."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from hf_jetspec.calibration import (RETRIEVAL_FEATURES, Calibration, fit, head_features, measure_node_cost,
+                                    resolve_node_cost, retrieval_features, worth_adding)
+
+
+def test_default_head_model_is_the_heads_probability():
+    calibration = Calibration()
+    for p in (0.001, 0.2, 0.5, 0.93):
+        assert calibration.head_edge(p, 3) == pytest.approx(p, rel=1e-6)
+
+
+def test_retrieval_estimates_grow_with_evidence():
+    c = Calibration()
+    weak = c.retrieval_edge(retrieval_features(None, 1, {"context": (0.3, 1, 1)}))
+    strong = c.retrieval_edge(retrieval_features(None, 1, {"context": (1.0, 12, 5)}))
+    agreed = c.retrieval_edge(retrieval_features(0.9, 1, {"context": (1.0, 12, 5)}))
+    assert 0 < weak < strong < agreed < 1
+    assert len(retrieval_features(0.5, 2, {"corpus": (0.5, 3, 2)})) == len(RETRIEVAL_FEATURES)
+
+
+def test_fit_recovers_a_known_logistic_model():
+    """Records drawn from a known retrieval model: the fitted estimates are close to the true probabilities and
+    beat the defaults in log loss on fresh records."""
+    rng = random.Random(0)
+    truth = Calibration(retrieval={n: 0.0 for n in RETRIEVAL_FEATURES} | {"bias": -2.0, "context_match": 5.0,
+                                                                           "context_fraction_logit": 0.8})
+
+    def records(count):
+        out = []
+        for _ in range(count):
+            x = retrieval_features(None, rng.randint(1, 8), {"context": (rng.random(), rng.randint(1, 16),
+                                                                         rng.randint(1, 9))})
+            out.append({"kind": "retrieval", "x": x, "accepted": rng.random() < truth.retrieval_edge(x)})
+        return out
+
+    fitted = fit(records(4000))
+    assert fitted.fitted_on == {"retrieval": 4000, "head": 0}
+    assert fitted.head == Calibration().head  # no head records: defaults kept
+
+    def log_loss(calibration, rows):
+        return -sum(math.log(p if r["accepted"] else 1 - p) for r in rows
+                    for p in [min(max(calibration.retrieval_edge(r["x"]), 1e-9), 1 - 1e-9)]) / len(rows)
+
+    fresh = records(2000)
+    assert log_loss(fitted, fresh) < log_loss(Calibration(), fresh)
+    assert log_loss(fitted, fresh) < log_loss(truth, fresh) + 0.01
+    probe = retrieval_features(None, 2, {"context": (0.9, 10, 3)})
+    assert fitted.retrieval_edge(probe) == pytest.approx(truth.retrieval_edge(probe), abs=0.05)
+
+
+def test_save_load_round_trip_and_bad_files(tmp_path):
+    calibration = Calibration(node_cost=0.07)
+    calibration.head["bias"] = 0.3
+    calibration = Calibration(**calibration.to_dict())
+    calibration.save(tmp_path)
+    loaded = Calibration.load(tmp_path)
+    assert loaded.to_dict() == calibration.to_dict() and loaded.head_edge(0.5, 1) == calibration.head_edge(0.5, 1)
+    (tmp_path / "calibration.json").write_text("{not json")
+    with pytest.raises(ValueError, match="calibration.json: not a valid hf_jetspec calibration"):
+        Calibration.load(tmp_path)
+    (tmp_path / "calibration.json").write_text(json.dumps({"head": {"bias": 1.0}}))
+    with pytest.raises(ValueError, match="weights must name"):
+        Calibration.load(tmp_path)
+
+
+def test_node_cost_rule_and_resolution():
+    assert worth_adding(0.5, 2.0, 8, 0.0) and not worth_adding(0.01, 3.0, 8, 0.1)
+    # adding g exactly at the threshold leaves tokens per cost unchanged
+    e, n, k = 2.5, 10, 0.05
+    g = k * e / (1 + k * n)
+    assert (e + g) / (1 + k * (n + 1)) == pytest.approx(e / (1 + k * n))
+    assert resolve_node_cost(None, Calibration(), None) is None
+    assert resolve_node_cost(0.2, Calibration(), None) == 0.2
+    assert resolve_node_cost("auto", Calibration(node_cost=0.03), None) == 0.03
+    with pytest.raises(ValueError, match="node_cost"):
+        resolve_node_cost(-1, Calibration(), None)
+
+
+def test_measure_node_cost_is_cached_per_model():
+    from helpers import make_target
+
+    model = make_target("llama", seed=0)
+    kappa = measure_node_cost(model)
+    assert kappa >= 0 and measure_node_cost(model) == kappa
+    assert head_features(0.5, 4) == [1.0, 0.0, 0.25]

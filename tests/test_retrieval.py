@@ -1,0 +1,77 @@
+"""Retrieval drafting end to end: the drafter's candidates, suffix decoding without a head, datastores carried by
+heads (save / load / push layout) and refused for another vocabulary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_same_tokens, greedy_reference, make_target
+
+import hf_jetspec
+from hf_jetspec import Calibration, CorpusIndex, JetSpecHead, RetrievalDrafter
+from hf_jetspec.calibration import CALIBRATION_FILE
+from hf_jetspec.suffix_index import DATASTORE_FILE
+
+PROMPT = torch.tensor([[5, 9, 17, 33, 8, 5, 9, 17]])
+
+
+def test_drafter_proposes_what_followed_earlier():
+    drafter = RetrievalDrafter(CorpusIndex.build([[7, 8, 3, 4, 5]], vocab_size=40), depth=3)
+    found = drafter.candidates(torch.tensor([[7, 8, 9, 1, 2, 7, 8]]), depth=8)
+    paths = found.paths()
+    assert found.sources == ("context", "corpus")
+    assert (9, 1, 2) in paths and paths[(9, 1, 2)][0] > 0  # context: after "7 8" came "9 1 2"
+    assert (3, 4, 5) in paths and paths[(3, 4, 5)][1] > 0  # corpus: after "7 8" came "3 4 5"
+    assert drafter.candidates(torch.tensor([[7, 8, 9, 1, 2, 7, 8, 30]]), depth=8) is None
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_suffix_decoding_is_greedy_and_drafts_from_a_datastore(family):
+    model = make_target(family, seed=2)
+    free_run = greedy_reference(model, PROMPT, max_new_tokens=30)
+    out = model.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_jetspec.suffix_generate,
+                         node_cost=0.05, return_dict_in_generate=True)
+    assert_same_tokens(free_run, out.sequences)  # this call's own text only
+    store = CorpusIndex.build([free_run[0].tolist()], vocab_size=128)
+    out = model.generate(PROMPT, max_new_tokens=30, do_sample=False, custom_generate=hf_jetspec.suffix_generate,
+                         datastore=store, node_cost=0.05, return_dict_in_generate=True)
+    assert_same_tokens(greedy_reference(model, PROMPT, max_new_tokens=30), out.sequences)
+    assert out.stats.tau > 3  # ... or from the datastore
+
+
+def test_calibration_log_records_every_reached_node():
+    model = make_target("qwen3", seed=1)
+    torch.manual_seed(0)
+    head = JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1)
+    log: list = []
+    out = model.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=hf_jetspec.jetspec_generate,
+                         draft_head=head, node_cost=None, tree_budget=8, calibration_log=log,
+                         return_dict_in_generate=True)
+    accepted = sum(r["accepted"] for r in log)
+    assert log and {r["kind"] for r in log} <= {"head", "retrieval"}
+    assert accepted == sum(out.stats.accept_lengths) - len(out.stats.accept_lengths)  # drafted tokens accepted
+
+
+def test_head_carries_its_datastore_and_calibration(tmp_path):
+    model = make_target("llama", seed=0)
+    head = JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1)
+    head.datastore = CorpusIndex.build([[1, 2, 3], [4, 5, 6, 7]], vocab_size=128)
+    head.calibration = Calibration(node_cost=0.04)
+    head.save_pretrained(tmp_path)
+    assert (tmp_path / DATASTORE_FILE).is_file() and (tmp_path / CALIBRATION_FILE).is_file()
+    loaded = JetSpecHead.from_pretrained(tmp_path)
+    assert loaded.datastore.num_tokens == 7 and loaded.calibration.node_cost == 0.04
+    plain = JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1)
+    plain.save_pretrained(tmp_path / "plain")
+    assert JetSpecHead.from_pretrained(tmp_path / "plain").datastore is None
+
+
+def test_a_datastore_for_another_vocabulary_is_refused():
+    model = make_target("llama", seed=0)
+    store = CorpusIndex.build([[1, 2, 3]], vocab_size=50_000)
+    with pytest.raises(ValueError, match="built for vocab size 50000, not 128"):
+        model.generate(PROMPT, max_new_tokens=4, custom_generate=hf_jetspec.suffix_generate, datastore=store)
+    with pytest.raises(ValueError, match="retrieval cannot be combined"):
+        head = JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1)
+        model.generate(PROMPT, max_new_tokens=4, custom_generate=hf_jetspec.jetspec_generate, draft_head=head,
+                       tree_builder="chain", retrieval=True)

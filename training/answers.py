@@ -1,0 +1,240 @@
+"""Compact, committed storage of generated answers: per source, immutable safetensors chunks of token ids.
+
+Layout (one folder per prompt source)::
+
+    data/answers/<source>/meta.json                  generation settings (model, dtype, max new tokens, ...)
+    data/answers/<source>/chunk-00000.safetensors    rows, written once, atomically (temp file + rename)
+    data/answers/<source>/pending.jsonl              rows not yet in a chunk (not committed; a restart resumes it)
+
+A chunk holds ``tokens`` (the rows' prompts + answers concatenated; uint16 when the vocabulary fits, else int32),
+``offsets`` (int64, ``n + 1``: row i is ``tokens[offsets[i]:offsets[i + 1]]``), ``prompt_len`` (int32) and
+``finish`` (uint8, index into `FINISH`); its safetensors metadata holds the source name and the row ids (JSON).
+About 2 bytes per token plus ~25 per row.
+
+`read_answers` gives rows in the trainer's / feature store's format ``{"id", "input_ids", "prompt_len",
+"finish"}``; `token_sequences` gives flat token arrays (a retrieval datastore's corpus).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+FORMAT = "hf_jetspec.answers/1"
+FINISH = ("eos", "length")
+CHUNK_PATTERN = re.compile(r"^chunk-(\d{5,})\.safetensors$")
+PENDING = "pending.jsonl"
+META = "meta.json"
+
+
+class TornChunkError(ValueError):
+    """A chunk file that cannot be read back whole (cut off, corrupted, or inconsistent)."""
+
+
+def token_dtype(rows: Sequence[dict]) -> np.dtype:
+    """uint16 when every token id fits (SmolLM2's 49,152 ids do), else int32."""
+    top = max((max(r["input_ids"], default=0) for r in rows), default=0)
+    return np.dtype(np.uint16) if top < 2**16 else np.dtype(np.int32)
+
+
+def write_chunk(path: str | Path, rows: Sequence[dict], source: str) -> Path:
+    """Write ``rows`` (``{"id", "input_ids", "prompt_len", "finish"}``) as one chunk, atomically: a temporary
+    sibling file is renamed into place, so a reader never sees a half-written chunk."""
+    path = Path(path)
+    if not rows:
+        raise ValueError("a chunk needs at least one row")
+    lengths = np.array([len(r["input_ids"]) for r in rows], dtype=np.int64)
+    tensors = {
+        "tokens": np.concatenate([np.asarray(r["input_ids"], dtype=token_dtype(rows)) for r in rows]),
+        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "prompt_len": np.array([r["prompt_len"] for r in rows], dtype=np.int32),
+        "finish": np.array([FINISH.index(r["finish"]) for r in rows], dtype=np.uint8),
+    }
+    metadata = {"format": FORMAT, "source": source, "ids": json.dumps([str(r["id"]) for r in rows])}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+    return path
+
+
+def read_chunk(path: str | Path) -> tuple[str, list[dict]]:
+    """``(source, rows)`` of one chunk; raises `TornChunkError` if the file is cut off or inconsistent."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            metadata = f.metadata() or {}
+        tensors = load_file(str(path))
+        ids = json.loads(metadata["ids"])
+        tokens, offsets = tensors["tokens"], tensors["offsets"]
+        prompt_len, finish = tensors["prompt_len"], tensors["finish"]
+    except Exception as err:  # safetensors raises several types for a cut-off file
+        raise TornChunkError(f"{path}: unreadable chunk ({type(err).__name__}: {err})") from None
+    n = len(ids)
+    lengths = np.diff(offsets)
+    if (metadata.get("format") != FORMAT or len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(tokens)
+            or (lengths < 0).any() or len(prompt_len) != n or len(finish) != n or (prompt_len > lengths).any()
+            or (finish >= len(FINISH)).any()):
+        raise TornChunkError(f"{path}: inconsistent chunk")
+    tokens = tokens.astype(np.int64).tolist()
+    rows = [{"id": ids[i], "input_ids": tokens[offsets[i]:offsets[i + 1]], "prompt_len": int(prompt_len[i]),
+             "finish": FINISH[finish[i]]} for i in range(n)]
+    return metadata.get("source", path.parent.name), rows
+
+
+def chunk_paths(directory: str | Path) -> list[Path]:
+    """A source folder's chunk files in number order."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if CHUNK_PATTERN.match(p.name)),
+                  key=lambda p: int(CHUNK_PATTERN.match(p.name)[1]))
+
+
+def source_dirs(root: str | Path, sources: Iterable[str] | None = None) -> list[Path]:
+    """The source folders under a store root (all, or the named ones that exist), sorted by name."""
+    root = Path(root)
+    names = sorted(p.name for p in root.iterdir() if p.is_dir()) if sources is None and root.is_dir() else sources
+    return [root / name for name in (names or []) if (root / name).is_dir()]
+
+
+def _pending_rows(path: Path) -> list[dict]:
+    rows = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn last line: that row is generated again
+                break
+    return rows
+
+
+def read_answers(root: str | Path, sources: Iterable[str] | None = None, *,
+                 include_pending: bool = False) -> Iterator[dict]:
+    """Rows ``{"id", "input_ids", "prompt_len", "finish"}`` of a store (all sources, or the named ones), chunk by
+    chunk. A torn chunk is skipped with a warning (the generator regenerates its rows). ``include_pending``: also
+    the rows not yet in a chunk (uncommitted)."""
+    for directory in source_dirs(root, sources):
+        for path in chunk_paths(directory):
+            try:
+                yield from read_chunk(path)[1]
+            except TornChunkError as err:
+                warnings.warn(f"skipping {err}", stacklevel=2)
+        if include_pending:
+            yield from _pending_rows(directory / PENDING)
+
+
+def token_sequences(root: str | Path, sources: Iterable[str] | None = None, *,
+                    answers_only: bool = False) -> Iterator[np.ndarray]:
+    """Flat int64 token sequences (prompt + answer, or the answer alone) of a store: a retrieval corpus."""
+    for row in read_answers(root, sources):
+        ids = row["input_ids"][row["prompt_len"]:] if answers_only else row["input_ids"]
+        yield np.asarray(ids, dtype=np.int64)
+
+
+def store_summary(root: str | Path) -> dict[str, dict]:
+    """Per source: chunks, rows, prompt and answer tokens, rows that ended with EOS, bytes on disk."""
+    summary = {}
+    for directory in source_dirs(root):
+        paths = chunk_paths(directory)
+        rows = [r for p in paths for r in read_chunk(p)[1]]
+        summary[directory.name] = {
+            "chunks": len(paths), "rows": len(rows), "prompt_tokens": sum(r["prompt_len"] for r in rows),
+            "answer_tokens": sum(len(r["input_ids"]) - r["prompt_len"] for r in rows),
+            "eos": sum(r["finish"] == "eos" for r in rows), "bytes": sum(p.stat().st_size for p in paths)}
+    return summary
+
+
+class AnswerStore:
+    """Writer for one source's folder: rows go to ``pending.jsonl`` (flushed per batch) and every ``chunk_rows``
+    rows become an immutable chunk. Resumable: `done` holds the ids in the chunks and the pending file; a torn
+    chunk is moved aside (``*.torn``) so its rows are generated again, and a torn pending line is dropped.
+
+    ``settings`` (model, dtype, max new tokens, ...) are recorded in ``meta.json``; reopening the folder with
+    different settings is refused, so one folder never mixes answers made differently.
+    """
+
+    def __init__(self, root: str | Path, source: str, *, settings: dict | None = None, chunk_rows: int = 512) -> None:
+        self.source, self.chunk_rows = source, chunk_rows
+        self.directory = Path(root) / source
+        self.directory.mkdir(parents=True, exist_ok=True)
+        meta = self.directory / META
+        if settings is not None:
+            if meta.exists() and json.loads(meta.read_text())["settings"] != settings:
+                raise ValueError(f"{self.directory} holds answers made with other settings: "
+                                 f"{json.loads(meta.read_text())['settings']} (now {settings})")
+            if not meta.exists():
+                meta.write_text(json.dumps({"format": FORMAT, "source": source, "settings": settings}, indent=1) + "\n")
+        for stale in self.directory.glob(".chunk-*.tmp-*"):  # an interrupted write (never renamed into place)
+            stale.unlink()
+        self.done: set[str] = set()
+        self.next_number = 0
+        for path in chunk_paths(self.directory):
+            self.next_number = int(CHUNK_PATTERN.match(path.name)[1]) + 1
+            try:
+                self.done.update(r["id"] for r in read_chunk(path)[1])
+            except TornChunkError as err:
+                warnings.warn(f"moving aside {err}", stacklevel=2)
+                os.replace(path, path.with_name(path.name + ".torn"))
+        pending = self.directory / PENDING
+        self.pending = [r for r in _pending_rows(pending) if r["id"] not in self.done]
+        self._rewrite_pending()
+        self.done.update(r["id"] for r in self.pending)
+
+    def _rewrite_pending(self) -> None:
+        path = self.directory / PENDING
+        tmp = path.with_name(f".{PENDING}.tmp-{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.pending), encoding="utf-8")
+        os.replace(tmp, path)
+
+    def add(self, rows: Sequence[dict]) -> None:
+        """Record finished rows (appended to the pending file at once); full chunks are written out."""
+        rows = [{k: r[k] for k in ("id", "input_ids", "prompt_len", "finish")} for r in rows]
+        with open(self.directory / PENDING, "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+        self.pending += rows
+        self.done.update(r["id"] for r in rows)
+        while len(self.pending) >= self.chunk_rows:
+            self._write(self.chunk_rows)
+
+    def flush(self) -> None:
+        """Write the pending rows (fewer than ``chunk_rows``) as a last chunk."""
+        if self.pending:
+            self._write(len(self.pending))
+
+    def _write(self, count: int) -> None:
+        write_chunk(self.directory / f"chunk-{self.next_number:05d}.safetensors", self.pending[:count], self.source)
+        self.next_number += 1
+        self.pending = self.pending[count:]
+        self._rewrite_pending()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m hf_jetspec.training.answers data/answers``: per-source counts of a store, as a Markdown table."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("root", type=Path, nargs="?", default=Path("data/answers"))
+    args = parser.parse_args(argv)
+    summary = store_summary(args.root)
+    total = {key: sum(s[key] for s in summary.values()) for key in next(iter(summary.values()), {})}
+    print("| source | chunks | rows | ended (eos) | prompt tokens | answer tokens | bytes | bytes/token |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, s in list(summary.items()) + ([("total", total)] if total else []):
+        tokens = s["prompt_tokens"] + s["answer_tokens"]
+        print(f"| {name} | {s['chunks']} | {s['rows']:,} | {s['eos']:,} | {s['prompt_tokens']:,} | "
+              f"{s['answer_tokens']:,} | {s['bytes']:,} | {s['bytes'] / max(tokens, 1):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
