@@ -10,6 +10,7 @@ import argparse
 import math
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 
 from . import __version__
@@ -235,9 +236,9 @@ def check_arguments(args) -> None:
 
 @contextmanager
 def quiet_libraries(verbose: bool):
-    """Without --verbose: no transformers warnings (generation-flag notices, load reports) and no "Loading
-    weights" / download progress bars while the command runs; the command's own progress stays. The previous
-    settings come back afterwards (``main`` may run inside a larger program)."""
+    """Without --verbose: no transformers warnings (generation-flag notices, load reports), no library
+    deprecation warnings and no "Loading weights" / download progress bars while the command runs; the command's
+    own progress stays. The previous settings come back afterwards (``main`` may run inside a larger program)."""
     if verbose:
         yield
         return
@@ -250,7 +251,10 @@ def quiet_libraries(verbose: bool):
     logging.disable_progress_bar()
     huggingface_hub.utils.disable_progress_bars()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
     finally:
         logging.set_verbosity(verbosity)
         if bars:

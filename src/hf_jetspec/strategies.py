@@ -38,8 +38,8 @@ class Resources:
 
 @dataclass(frozen=True)
 class StrategySpec:
-    """``entry``: the ``custom_generate`` callable as ``"module:function"`` under ``hf_jetspec`` (None:
-    transformers' own decoding, steered by ``options``), imported by `function`;
+    """``entry``: the ``custom_generate`` callable, or its name ``"module:function"`` under ``hf_jetspec`` (imported
+    by `function` on first use), or None: transformers' own decoding, steered by ``options``;
     ``options``: fixed extra ``generate()`` kwargs; ``tuned``: kwargs taken from the `Resources` settings;
     ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``; ``"datastore"`` is optional) or
     ``"reference"`` (plain greedy's output: benchmark only); ``budgeted``: takes a tree budget (the benchmark
@@ -47,7 +47,7 @@ class StrategySpec:
 
     name: str
     description: str
-    entry: str | None = None
+    entry: str | Callable | None = None
     options: dict = field(default_factory=dict)
     tuned: Callable[[Resources], dict] | None = None
     needs: tuple[str, ...] = ()
@@ -56,7 +56,7 @@ class StrategySpec:
     @property
     def function(self) -> Callable | None:
         """The ``custom_generate`` callable (imported on first use), or None for transformers' own decoding."""
-        return None if self.entry is None else resolve(self.entry)
+        return resolve(self.entry) if isinstance(self.entry, str) else self.entry
 
     def generate_kwargs(self, resources: Resources, budget: int | None = None,
                         reference: torch.Tensor | None = None, vocab: int | None = None) -> dict:
