@@ -54,6 +54,7 @@ def model_rows(files) -> list:
     return [
         ([["--model", files["model"]]], [["--model", files["missing"]], ["--model", files["a_file"]]]),
         ([["--head", files["head"]], []], [["--head", files["damaged"]], ["--head", files["missing"]]]),
+        ([[]], [["--datastore", files["missing"]], ["--datastore", files["a_file"]]]),
         ([[], ["--dtype", "float32"], ["--dtype", "bfloat16"], ["--dtype", "float16"]], [["--dtype", "int8"]]),
         ([[], ["--device", "cpu"]], [*no_cuda, ["--device", "cuda:7"], ["--device", "gpu"], ["--device", "meta"]]),
         ([[], ["--chat"], ["--no-chat"]], []),
