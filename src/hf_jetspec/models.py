@@ -300,7 +300,8 @@ def load_target(path: str | None, dtype: str = "float32", device: str | None = N
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
-        raise type(err)(f"model {path!r}: {one_line(err)}") from None
+        where = "" if folder is not None else " (not a local folder; tried the Hub)"
+        raise type(err)(f"model {path!r}{where}: {one_line(err)}") from None
     if device is not None:
         model = model.to(device)
     return model.eval(), tokenizer
