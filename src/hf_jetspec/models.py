@@ -301,7 +301,8 @@ def load_target(path: str | None, dtype: str = "float32", device: str | None = N
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         where = "" if folder is not None else " (not a local folder; tried the Hub)"
-        raise type(err)(f"model {path!r}{where}: {one_line(err)}") from None
+        kind = OSError if isinstance(err, OSError) else ValueError  # library subclasses take other arguments
+        raise kind(f"model {path!r}{where}: {one_line(err)}") from None
     if device is not None:
         model = model.to(device)
     return model.eval(), tokenizer
