@@ -338,8 +338,8 @@ def _median_spread(values: list[float]) -> tuple[float, float, float]:
 
 
 def busy_note() -> str | None:
-    """A warning when other work already keeps this machine's CPUs busy (1-minute load average above the core
-    count): timings then depend on it, and (with torch's default threads) multi-token forwards suffer most."""
+    """A warning when other work already keeps this machine's CPUs busy (1-minute load average above half the
+    core count): timings then depend on it, and torch's threads (one per core) wait on each other."""
     import os
 
     try:
@@ -347,7 +347,7 @@ def busy_note() -> str | None:
     except (OSError, AttributeError):
         return None
     cores = os.cpu_count() or 1
-    if load <= cores:
+    if load <= cores / 2:
         return None
     return (f"this machine is busy (load average {load:.1f} on {cores} cores): timings depend on the other work "
             "(the speedup below is a median of interleaved runs; OMP_NUM_THREADS=1 avoids torch's threads "
