@@ -26,3 +26,23 @@ def family(request) -> str:
 @pytest.fixture
 def tiny_target(family):
     return make_target(family, seed=0)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer (and chat template), saved as an HF folder (``model``), plus a
+    head for it (``head``)."""
+    from transformers import AutoTokenizer
+
+    from hf_jetspec import JetSpecHead
+    from hf_jetspec.models import convert_gguf, find_smollm2_gguf
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tokenizer = AutoTokenizer.from_pretrained(convert_gguf(find_smollm2_gguf()))
+    model = make_target("llama", vocab=len(tokenizer), hidden=32, layers=2, heads=2, kv_heads=1,
+                        eos_token_id=tokenizer.eos_token_id)
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    torch.manual_seed(0)
+    JetSpecHead.for_target(model, block_size=6).save_pretrained(folder / "head")
+    return folder

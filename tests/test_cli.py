@@ -11,27 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import make_target
-from transformers import AutoTokenizer
 
-from hf_jetspec import JetSpecHead, bench
+from hf_jetspec import JetSpecHead, bench, cli
 from hf_jetspec.cli import main
 from hf_jetspec.cpu import mkl_code_path
-from hf_jetspec.models import convert_gguf, find_smollm2_gguf
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Llama with SmolLM2's tokenizer (and chat template), saved as an HF folder, plus a head."""
-    folder = tmp_path_factory.mktemp("tiny")
-    tokenizer = AutoTokenizer.from_pretrained(convert_gguf(find_smollm2_gguf()))
-    model = make_target("llama", vocab=len(tokenizer), hidden=32, layers=2, heads=2, kv_heads=1,
-                        eos_token_id=tokenizer.eos_token_id)
-    model.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
-    torch.manual_seed(0)
-    JetSpecHead.for_target(model, block_size=6).save_pretrained(folder / "head")
-    return folder
 
 
 @pytest.fixture
@@ -44,13 +27,67 @@ def prompts_file(tmp_path):
 
 def test_generate_streams_and_reports(model_dir, capsys):
     assert main(["generate", "--model", str(model_dir / "model"), "--head", str(model_dir / "head"),
-                 "--max-new-tokens", "12", "--compare", "Tell me a story"]) == 0
-    out = capsys.readouterr().out
-    assert "tokens/s" in out and "tau" in out and "identical to plain greedy" in out
+                 "--max-new-tokens", "12", "--compare", "--repeats", "3", "Tell me a story"]) == 0
+    captured = capsys.readouterr()
+    assert "tokens/s" in captured.out and "tau" in captured.out and "identical to plain greedy" in captured.out
+    assert "median of 3; spread" in captured.out and "medians of 3 interleaved runs" in captured.out
+    assert "warming up jetspec and plain generate" in captured.err  # progress while nothing is printed yet
+    assert "cut at --max-new-tokens 12" in captured.err
+    assert "Loading weights" not in captured.err  # transformers' bars only with --verbose
     for strategy in ("ar", "jacobi"):
         assert main(["generate", "--model", str(model_dir / "model"), "--strategy", strategy,
                      "--max-new-tokens", "8", "hi"]) == 0
         assert f"[{strategy}]" in capsys.readouterr().out
+    assert main(["generate", "--model", str(model_dir / "model"), "--strategy", "ar", "--verbose",
+                 "--max-new-tokens", "2", "hi"]) == 0
+    assert "Loading weights" in capsys.readouterr().err
+
+
+def test_compare_names_reduced_precision_drift(model_dir, monkeypatch, capsys):
+    """A --compare output that differs from plain greedy is drift in bf16 (exit 0) and a bug in float32 (exit
+    1)."""
+    real = cli.timed_generate
+
+    def drifting(model, ids, kwargs, seed):
+        sequences, seconds, stats = real(model, ids, kwargs, seed)
+        if "custom_generate" in kwargs:  # the strategy's runs: change the last token
+            sequences = sequences.clone()
+            sequences[0, -1] = (sequences[0, -1] + 1) % model.config.vocab_size
+        return sequences, seconds, stats
+
+    monkeypatch.setattr(cli, "timed_generate", drifting)
+    args = ["generate", "--model", str(model_dir / "model"), "--head", str(model_dir / "head"), "--max-new-tokens",
+            "5", "--compare", "--repeats", "1", "hi"]
+    assert main(args + ["--dtype", "bfloat16"]) == 0
+    assert "after 4 identical tokens: expected reduced-precision drift in bfloat16" in capsys.readouterr().out
+    assert main(args) == 1
+    assert "DIFFERENT from plain greedy generate after 4 identical tokens" in capsys.readouterr().out
+
+
+def test_text_printer_flushes_every_step(model_dir):
+    """Text without spaces prints as it arrives (TextStreamer waits for a space); a character split across tokens
+    is held back until complete, never printed as U+FFFD."""
+    import io
+
+    from transformers import AutoTokenizer
+
+    from hf_jetspec.streaming import TextPrinter
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir / "model")
+    text = "https://example.com/averyveryverylongpathwithoutanyspaces😀done"
+    tokens = tokenizer(text)["input_ids"]
+    stream = io.StringIO()
+    printer = TextPrinter(tokenizer, stream=stream)
+    printer.put(torch.tensor([[1, 2, 3]]))  # the prompt: skipped
+    seen = []
+    for token in tokens:
+        printer.put(torch.tensor([token]))
+        seen.append(stream.getvalue())
+    printer.end()
+    assert stream.getvalue() == text + "\n"
+    assert all("\ufffd" not in s for s in seen)
+    assert len(set(seen)) > len(tokens) // 2  # most steps printed something
+    assert seen[len(tokens) // 2] and text.startswith(seen[len(tokens) // 2])
 
 
 def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
@@ -70,6 +107,7 @@ def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
         assert stats["matches_greedy"] is True
     assert payload["strategies"]["jetspec-oracle@8"]["tau"] > 1.5
     assert payload["machine"]["torch"] and payload["settings"]["max_new_tokens"] == 10
+    assert payload["settings"]["budgets"] == "4,8" and payload["settings"]["temperatures"] == "0"
     assert {p.name for p in plots.iterdir()} >= {"speedup_per_category.png", "tau_per_category.png",
                                                   "tau_vs_budget.png"}
 

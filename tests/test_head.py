@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -85,12 +86,75 @@ def test_corrupt_checkpoints_raise(tmp_path):
     state = {k: v.clone() for k, v in head.state_dict().items()}
     # A missing weight must not be silently re-initialised.
     save_file({k: v for k, v in state.items() if not k.startswith("norm")}, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match="missing_keys"):
+    with pytest.raises(ValueError, match="does not match .*config.json: missing norm.weight"):
         JetSpecHead.from_pretrained(tmp_path)
     # A truncated file.
     (tmp_path / "model.safetensors").write_bytes(b"\x00\x01garbage")
-    with pytest.raises(Exception):
+    with pytest.raises(OSError, match="model.safetensors: not a complete safetensors file"):
         JetSpecHead.from_pretrained(tmp_path)
+
+
+def _one_line(err) -> str:
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_load_errors_are_one_line_and_name_the_file(tmp_path):
+    """Each way a head folder can be wrong is one line naming the file and the problem; weights are never
+    re-initialised (issue 19, item 3)."""
+    head = JetSpecHead.for_target(make_target("llama"), num_hidden_layers=1)
+    good = tmp_path / "good"
+    head.save_pretrained(good)
+
+    def copy(name):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        return folder
+
+    with pytest.raises(FileNotFoundError) as err:  # not "Repo id must be in the form ..."
+        JetSpecHead.from_pretrained(tmp_path / "missing")
+    assert "no such folder" in _one_line(err) and "Repo id" not in str(err.value)
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        JetSpecHead.from_pretrained(good / "config.json")
+
+    truncated = copy("truncated")
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) - 10])
+    with pytest.raises(OSError) as err:
+        JetSpecHead.from_pretrained(truncated)
+    assert f"{truncated / 'model.safetensors'}: not a complete safetensors file" in _one_line(err)
+
+    mismatch = copy("mismatch")
+    config = json.loads((mismatch / "config.json").read_text())
+    config["intermediate_size"] += 8
+    (mismatch / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        JetSpecHead.from_pretrained(mismatch)
+    message = _one_line(err)
+    assert "model.safetensors does not match" in message and "by the config" in message
+
+    no_config = copy("no_config")
+    (no_config / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        JetSpecHead.from_pretrained(no_config)
+    bad_json = copy("bad_json")
+    (bad_json / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+        JetSpecHead.from_pretrained(bad_json)
+    other = copy("other")
+    (other / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises(ValueError, match="config.json: not a JetSpec head config .model_type 'llama'"):
+        JetSpecHead.from_pretrained(other)
+    invalid = copy("invalid")
+    (invalid / "config.json").write_text(json.dumps(config | {"block_size": 1}))
+    with pytest.raises(ValueError, match="config.json: Invalid JetSpecConfig: block_size must be >= 2"):
+        JetSpecHead.from_pretrained(invalid)
+    no_weights = copy("no_weights")
+    (no_weights / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+        JetSpecHead.from_pretrained(no_weights)
+    assert isinstance(JetSpecHead.from_pretrained(good), JetSpecHead)
 
 
 def test_push_to_hub_uploads_weights_config_and_card(tmp_path, monkeypatch):

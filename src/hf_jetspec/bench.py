@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from .files import write_atomic, write_text_atomic
 from .prompts import Prompt, encode_prompt
 from .strategies import STRATEGIES, Resources, get_strategy
 
@@ -180,6 +181,14 @@ def first_difference(tokens: torch.Tensor, reference: torch.Tensor) -> int:
     return int(differ[0, 0]) if len(differ) else n
 
 
+def encode_checked(tokenizer, prompt: Prompt, chat: bool) -> torch.Tensor:
+    """`encode_prompt`, with the prompt's id in the error of a prompt that leaves no token."""
+    try:
+        return encode_prompt(tokenizer, prompt.text, chat)
+    except ValueError as err:
+        raise ValueError(f"prompt {prompt.id}: {err}") from None
+
+
 def benchmark(model, tokenizer, prompts: list[Prompt], strategies: list[Strategy], max_new_tokens: int,
               resources: Resources, chat: bool = True, warmup: bool = True,
               on_mismatch: Callable[[str, str, int], None] | None = None) -> BenchResult:
@@ -187,7 +196,7 @@ def benchmark(model, tokenizer, prompts: list[Prompt], strategies: list[Strategy
     ``generate()`` runs first: the baseline, and (greedy) the reference every other output must equal. A greedy
     output that differs is recorded (and passed to ``on_mismatch``) with its `first_difference`."""
     result = BenchResult(strategies=[s.name for s in strategies])
-    encoded = [encode_prompt(tokenizer, p.text, chat).to(model.device) for p in prompts]
+    encoded = [encode_checked(tokenizer, p, chat).to(model.device) for p in prompts]  # all, before any forward
     if warmup and encoded:
         reference = None
         for strategy in strategies:
@@ -237,8 +246,9 @@ def machine_info(model) -> dict:
     return info
 
 
-def write_json(path: str | Path, result: BenchResult, model, settings: dict) -> dict:
-    payload = {
+def results_payload(result: BenchResult, model, settings: dict) -> dict:
+    """Everything `write_json` writes: machine, settings, summaries, mismatches and every run."""
+    return {
         "machine": machine_info(model),
         "settings": settings,
         "strategies": result.summary(),
@@ -246,8 +256,13 @@ def write_json(path: str | Path, result: BenchResult, model, settings: dict) -> 
         "mismatches": [{"prompt": p, "strategy": s, "first_difference": d} for p, s, d in result.mismatches],
         "runs": [asdict(r) | {"tau": r.tau, "tokens_per_s": r.tokens_per_s} for r in result.runs],
     }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(payload, indent=2))
+
+
+def write_json(path: str | Path, result: BenchResult | dict, model=None, settings: dict | None = None) -> dict:
+    """Write `results_payload` (or an already built payload) to ``path`` atomically (a temporary sibling renamed
+    into place: never half a file)."""
+    payload = result if isinstance(result, dict) else results_payload(result, model, settings or {})
+    write_text_atomic(path, json.dumps(payload, indent=2))
     return payload
 
 
@@ -262,6 +277,15 @@ def format_table(summary: dict[str, dict]) -> str:
         lines.append(f"{name:<22}{s['tau']:>7.2f}{s['tokens_per_s']:>9.2f}{speed:>9}{mean:>7}"
                      f"{s['target_forwards_per_token']:>9.3f}{overhead:>10}  {same}")
     return "\n".join(lines)
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    try:
+        write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
@@ -287,11 +311,11 @@ def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
         ax.set_ylabel(label)
         if metric == "speedup":
             ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.legend(fontsize="small")
+        if ax.get_legend_handles_labels()[0]:  # not for a benchmark of plain generate only
+            ax.legend(fontsize="small")
         fig.tight_layout()
         path = directory / f"{metric}_per_category.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        _save(fig, path)
         paths.append(path)
     overall = result.summary()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -307,10 +331,10 @@ def write_plots(directory: str | Path, result: BenchResult) -> list[Path]:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree budget (nodes verified per step)")
     ax.set_ylabel("tokens per target forward")
-    ax.legend(fontsize="small")
+    if curves:
+        ax.legend(fontsize="small")
     fig.tight_layout()
     path = directory / "tau_vs_budget.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     paths.append(path)
     return paths

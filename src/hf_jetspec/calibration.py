@@ -184,17 +184,20 @@ def measure_node_cost(model, nodes: int = 16, prefix: int = 64, repeats: int = 3
         return _MEASURED[model]
     from transformers import DynamicCache
 
+    from .cache import cache_kwarg
+
+    key = cache_kwarg(model)  # "cache" on transformers >= 5.24 ("past_key_values" warns there)
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, prefix + 1 + nodes), generator=torch.Generator().manual_seed(0)).to(device)
 
     def forward(count: int) -> float:
         cache = DynamicCache(config=model.config)
-        model(input_ids=ids[:, :prefix], past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, :prefix], use_cache=True, **{key: cache})
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        model(input_ids=ids[:, prefix : prefix + count], past_key_values=cache, use_cache=True)
+        model(input_ids=ids[:, prefix : prefix + count], use_cache=True, **{key: cache})
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start

@@ -154,3 +154,13 @@ def reference_to_jetspec_dict(ref: dict[str, Any]) -> dict[str, Any]:
     if "_name_or_path" in ref:
         out["_name_or_path"] = ref["_name_or_path"]
     return out
+
+
+def _register() -> None:
+    """Make head configs loadable with ``AutoConfig.from_pretrained(head_dir)``."""
+    from transformers import AutoConfig
+
+    AutoConfig.register(JetSpecConfig.model_type, JetSpecConfig, exist_ok=True)
+
+
+_register()

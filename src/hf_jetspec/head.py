@@ -236,16 +236,33 @@ class JetSpecHead(PreTrainedModel):
     # ------------------------------------------------------------------------------------------------ save / load
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> "JetSpecHead":
-        """Load a head (this library's layout or the reference JetSpec/DFlash layout). Unlike transformers'
-        default, missing, unexpected or mis-shaped weights raise instead of being silently re-initialised."""
+        """Load a head (this library's layout or the reference JetSpec/DFlash layout) from a folder or Hub id.
+
+        Unlike transformers' default, a problem raises one line naming the file (`hf_jetspec.checkpoints`): a
+        missing folder or ``config.json`` (``OSError``), an invalid or non-head config, damaged weights, or weights
+        whose names or shapes differ from what the config implies (``ValueError``). A head never loads with
+        re-initialised weights."""
+        from .checkpoints import check_head_folder, local_folder, one_line
+
+        name = pretrained_model_name_or_path
+        folder = local_folder(name, "JetSpec head")
+        if folder is not None and not kwargs.get("subfolder"):
+            check_head_folder(folder, cls)
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        try:
+            model, info = super().from_pretrained(name, *args, output_loading_info=True, **kwargs)
+        except OSError as err:
+            where = "" if folder is not None else " (not a local folder; tried the Hub)"
+            raise OSError(f"JetSpec head {os.fspath(name)!r}{where}: {one_line(err)}") from None
+        except RuntimeError as err:  # transformers' mismatched-sizes error (after a load report)
+            raise ValueError(f"JetSpec head {os.fspath(name)!r}: weights do not match its config ({one_line(err)})"
+                             ) from None
         problems = {key: info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(key)}
         if problems:
-            raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {pretrained_model_name_or_path!s}: {problems}")
+            raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {name!s}: {problems}")
         from .retrieval import load_retrieval_assets
 
-        model.datastore, model.calibration = load_retrieval_assets(pretrained_model_name_or_path)
+        model.datastore, model.calibration = load_retrieval_assets(name)
         return (model, info) if want_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
@@ -340,3 +357,13 @@ NOT_A_LANGUAGE_MODEL = (
     "once, then `model.generate(**inputs, assistant_model=head)`; or "
     "`model.generate(**inputs, custom_generate=hf_jetspec.jetspec_generate, draft_head=head)`."
 )
+
+
+def _register() -> None:
+    """Make heads loadable with ``AutoModel.from_pretrained(head_dir)`` (the config registers itself)."""
+    from transformers import AutoModel
+
+    AutoModel.register(JetSpecConfig, JetSpecHead, exist_ok=True)
+
+
+_register()

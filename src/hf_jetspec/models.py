@@ -81,42 +81,97 @@ def dequantized_copy(model: PreTrainedModel) -> PreTrainedModel:
     return fresh.eval()
 
 
+def read_marker(folder: Path) -> dict | None:
+    """The conversion marker of ``folder`` (``source``, ``sha256``, ``files``: every name the conversion wrote),
+    or None when there is none or it is unreadable."""
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
 def _is_converted(folder: Path, sha256: str) -> bool:
-    marker = folder / MARKER
-    return marker.is_file() and json.loads(marker.read_text()).get("sha256") == sha256
+    marker = read_marker(folder)
+    return marker is not None and marker.get("sha256") == sha256
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move the finished folder ``src`` to ``dst`` with renames, so ``dst`` is never half-written."""
-    if dst.exists():
-        old = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.old-"))
-        os.replace(dst, old / dst.name)
-        shutil.rmtree(old)
-    os.rename(src, dst)
+def _own_files(marker: dict, new: set[str]) -> set[str]:
+    """The names a previous conversion wrote: the marker's list (markers written before it existed: the names a
+    conversion writes)."""
+    listed = marker.get("files")
+    if isinstance(listed, list) and all(isinstance(name, str) and "/" not in name for name in listed):
+        return set(listed) | {MARKER}
+    return new | {MARKER}
+
+
+def _check_destination(dst: Path, force: bool) -> dict | None:
+    """Refuse a ``dst`` that is a file, or a non-empty folder without a conversion marker (unless ``force``);
+    return its marker."""
+    if dst.exists() and not dst.is_dir():
+        raise NotADirectoryError(f"{dst}: is a file; choose a folder for the converted model")
+    marker = read_marker(dst)
+    if marker is None and not force and dst.is_dir() and any(dst.iterdir()):
+        raise FileExistsError(f"{dst} is not empty and is not a previous conversion (no {MARKER}): choose an empty "
+                              "or new folder, or add --force to add the converted files (other files are kept)")
+    return marker
+
+
+def _install(src: Path, dst: Path, force: bool) -> None:
+    """Put the finished conversion ``src`` at ``dst``, never touching a file the tool did not create there.
+
+    A missing or empty ``dst`` is replaced with one rename (never half-written). A ``dst`` with files needs a
+    marker from a previous conversion (or ``force``); then only the files the conversion wrote are replaced or
+    removed, and a file of the same name that it did not write is refused. The marker is rewritten first without
+    a hash (so an interrupted update never counts as done) and last with it."""
+    if dst.is_dir() and not any(dst.iterdir()):
+        dst.rmdir()  # fails (and stops here) if something was written meanwhile
+    if not dst.exists():
+        os.rename(src, dst)
+        return
+    marker = _check_destination(dst, force)
+    new = {path.name for path in src.iterdir()}
+    ours = _own_files(marker, new) if marker is not None else set()
+    clash = sorted(name for name in new if (dst / name).exists() and name not in ours)
+    if clash:
+        raise FileExistsError(f"{dst}: the conversion would overwrite {', '.join(clash)}, which hf-jetspec did not "
+                              "write; move them away or choose another folder")
+    (dst / MARKER).write_text(json.dumps({"sha256": None, "files": sorted(ours | new)}))
+    for name in sorted(ours - new):
+        if (dst / name).is_file():
+            (dst / name).unlink()
+    for name in sorted(new - {MARKER}):
+        os.replace(src / name, dst / name)
+    os.replace(src / MARKER, dst / MARKER)
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
     """Convert a GGUF file into a Hugging Face model folder once and return the folder.
 
-    The folder defaults to ``<cache_root()>/models/<first 16 hex of sha256>``. It is built in a temporary
-    sibling directory and renamed into place, and a marker file records the source sha256, so an interrupted
-    conversion never leaves a folder that counts as done. An existing folder with a matching marker is reused
-    unless ``force``.
+    The folder defaults to ``<cache_root()>/models/<first 16 hex of sha256>``. The conversion is built in a
+    temporary sibling directory and moved into place; a marker file records the source sha256 and the files it
+    wrote, so an interrupted conversion never counts as done. An existing folder with a matching marker is reused
+    unless ``force``. Files the conversion did not write are never deleted or overwritten: a non-empty folder
+    without a marker is refused unless ``force`` (then the converted files are added next to the others).
     """
     gguf_path = Path(gguf_path)
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     sha256 = file_sha256(gguf_path)
-    out = Path(out_dir) if out_dir is not None else cache_root() / "models" / sha256[:16]
+    out = Path(os.path.abspath(out_dir)) if out_dir is not None else cache_root() / "models" / sha256[:16]
     if not force and _is_converted(out, sha256):
         return out
+    _check_destination(out, force)  # before the slow conversion
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         model, tokenizer = load_gguf(gguf_path)
         dequantized_copy(model).save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps({"source": gguf_path.name, "sha256": sha256}))
+        files = sorted(path.name for path in tmp.iterdir()) + [MARKER]
+        (tmp / MARKER).write_text(json.dumps({"source": gguf_path.name, "sha256": sha256, "files": files}))
         tmp.chmod(0o755)
-        _replace_dir(tmp, out)
+        _install(tmp, out, force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -205,15 +260,52 @@ def truncated_draft(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     return draft.eval()
 
 
+def check_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` as a ``torch.device`` if this machine has it; ``ValueError`` saying why not otherwise (instead of
+    torch's assertion deep inside the first ``.to(device)``)."""
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r}: not a device name; try cpu, cuda or cuda:N") from None
+    if parsed.type == "cpu":
+        return parsed
+    if parsed.type == "meta":
+        raise ValueError(f"device {device!r}: the meta device holds no data; generation needs cpu or cuda")
+    backend = getattr(torch, parsed.type, None)
+    if backend is None or not backend.is_available():
+        why = " (this torch build has no CUDA)" if parsed.type == "cuda" and torch.version.cuda is None else ""
+        raise ValueError(f"device {device!r}: {parsed.type} is not available on this machine{why}; use --device cpu "
+                         "(or omit --device)")
+    count = backend.device_count() if hasattr(backend, "device_count") else 1
+    if parsed.index is not None and parsed.index >= count:
+        raise ValueError(f"device {device!r}: only {count} {parsed.type} device(s) here (indices 0..{count - 1})")
+    return parsed
+
+
 def load_target(path: str | None, dtype: str = "float32", device: str | None = None):
     """(model, tokenizer): ``path`` (an HF folder or Hub id) or the embedded default SmolLM2-135M-Instruct;
-    ``dtype`` a name from `DTYPES`."""
+    ``dtype`` a name from `DTYPES`. A missing folder, a folder without ``config.json`` and an unavailable device
+    raise one-line errors before anything loads."""
+    from .checkpoints import local_folder, one_line, read_config
+
+    check_device(device)
     if path is None:
         return default_model(DTYPES[dtype], device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    folder = local_folder(path, "model")
+    if folder is not None:
+        read_config(folder, "model")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        where = "" if folder is not None else " (not a local folder; tried the Hub)"
+        kind = OSError if isinstance(err, OSError) else ValueError  # library subclasses take other arguments
+        raise kind(f"model {path!r}{where}: {one_line(err)}") from None
     if device is not None:
         model = model.to(device)
-    return model.eval(), AutoTokenizer.from_pretrained(path)
+    return model.eval(), tokenizer
 
 
 def load_head(path: str | None, model: PreTrainedModel, on_untrained=None):
@@ -234,6 +326,18 @@ def load_head(path: str | None, model: PreTrainedModel, on_untrained=None):
     head = head.to(device=param.device, dtype=head_dtype(param))
     head.check_target(model)
     return head
+
+
+def as_draft_head(head, model: PreTrainedModel):
+    """``head`` when it is a `JetSpecHead` (or None); the head in that folder / Hub repo when it is a string or a
+    path (`load_head`: on the model's device, checked against it); ``TypeError`` for anything else."""
+    from .head import JetSpecHead
+
+    if head is None or isinstance(head, JetSpecHead):
+        return head
+    if isinstance(head, (str, os.PathLike)):
+        return load_head(os.fspath(head), model)
+    raise TypeError(f"draft_head must be a JetSpecHead or the folder / Hub id of one, got {type(head).__name__}")
 
 
 def load_draft(model: PreTrainedModel, path: str | None = None, layers: int | None = None, dtype: str = "float32",

@@ -8,8 +8,10 @@ import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 CODE_MATH_EVAL = Path(__file__).parent / "assets" / "eval" / "code_math.jsonl"
@@ -54,25 +56,47 @@ def sharegpt_prompts() -> list[Prompt]:
     return out
 
 
+def _text(value, where: str, what: str, numbers: bool = False) -> str:
+    """``value`` as text: a non-empty string (or, with ``numbers``, a number); ``ValueError`` naming ``where``."""
+    if isinstance(value, str) and value.strip():
+        return value
+    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    kind = "empty" if isinstance(value, str) else "null" if value is None else f"a {type(value).__name__}"
+    raise ValueError(f"{where}: {what} is {kind}, expected {'a string or a number' if numbers else 'text'}")
+
+
 def jsonl_prompts(path: str | Path, field: str, category_field: str | None = None) -> list[Prompt]:
-    """Prompts from a JSONL file: ``field`` holds the text, ``category_field`` (optional) the category."""
+    """Prompts from a JSONL file: one JSON object per line; ``field`` holds the text (a non-empty string),
+    ``category_field`` (optional) the category and ``id`` (optional) the prompt id (strings or numbers). Every line
+    is checked; the first bad one raises ``ValueError`` (``KeyError`` for a missing field) naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Prompt file not found: {path}")
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     out = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+            raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__} (one object per line)")
         if field not in row:
-            raise KeyError(f"{path}:{number}: no field {field!r} (fields: {sorted(row)})")
+            raise KeyError(f"{where}: no field {field!r} (fields: {sorted(row)})")
         if category_field is not None and category_field not in row:
-            raise KeyError(f"{path}:{number}: no category field {category_field!r} (fields: {sorted(row)})")
-        category = str(row[category_field]) if category_field else "all"
-        out.append(Prompt(str(row.get("id", number)), category, str(row[field])))
+            raise KeyError(f"{where}: no category field {category_field!r} (fields: {sorted(row)})")
+        text = _text(row[field], where, f"field {field!r}")
+        category = _text(row[category_field], where, f"category field {category_field!r}", True) \
+            if category_field else "all"
+        prompt_id = _text(row["id"], where, "field 'id'", True) if "id" in row else str(number)
+        out.append(Prompt(prompt_id, category, text))
     return out
 
 
@@ -107,9 +131,15 @@ def limit_per_category(prompts: list[Prompt], limit: int | None) -> list[Prompt]
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = True) -> torch.Tensor:
-    """Token ids ``[1, T]`` of ``text`` as a one-turn user chat (when ``chat`` and the tokenizer has a template)."""
+    """Token ids ``[1, T]`` of ``text`` as a one-turn user chat (when ``chat`` and the tokenizer has a template).
+    ``ValueError`` when that leaves no token (an empty prompt without a chat template or BOS token)."""
     if chat and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
+        ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
         )["input_ids"]
-    return tokenizer(text, return_tensors="pt")["input_ids"]
+    else:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    if ids.shape[-1] == 0:
+        raise ValueError("The prompt is empty (0 tokens): give some text" + (" or use the chat template (--chat)"
+                                                                            if not chat else ""))
+    return ids

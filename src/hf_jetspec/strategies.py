@@ -2,20 +2,25 @@
 
 Used by the package (``hf_jetspec.DECODING_FUNCTIONS``, the ``custom_generate`` folder), the CLI (``generate
 --strategy``) and the benchmark (``bench --strategies``). Adding a strategy is one `StrategySpec` entry.
+
+The registry imports neither torch nor transformers (the decoding functions are named ``"module:function"`` and
+imported on first use), so the command line checks strategy names before it pays for those imports.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from .decoding.jacobi import jacobi_generate
-from .decoding.jetspec import jetspec_generate
-from .decoding.spec_jacobi import speculative_jacobi_generate
-from .decoding.suffix import suffix_generate
-from .drafters import OracleDrafter
+
+def resolve(entry: str) -> Callable:
+    """The function ``"module:function"`` names under ``hf_jetspec`` (imported now)."""
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
 @dataclass
@@ -34,24 +39,31 @@ class Resources:
 
 @dataclass(frozen=True)
 class StrategySpec:
-    """``function``: the ``custom_generate`` callable (None: transformers' own decoding, steered by ``options``);
+    """``entry``: the ``custom_generate`` callable, or its name ``"module:function"`` under ``hf_jetspec`` (imported
+    by `function` on first use), or None: transformers' own decoding, steered by ``options``;
     ``options``: fixed extra ``generate()`` kwargs; ``tuned``: kwargs taken from the `Resources` settings;
     ``needs``: what it takes from `Resources` (``"head"``, ``"draft_model"``; ``"datastore"`` is optional) or
-    ``"reference"`` (plain greedy's output: benchmark only); ``budgeted``: takes a tree budget (the benchmark expands it over ``--budgets``)."""
+    ``"reference"`` (plain greedy's output: benchmark only); ``budgeted``: takes a tree budget (the benchmark
+    expands it over ``--budgets``)."""
 
     name: str
     description: str
-    function: Callable | None = None
+    entry: str | Callable | None = None
     options: dict = field(default_factory=dict)
     tuned: Callable[[Resources], dict] | None = None
     needs: tuple[str, ...] = ()
     budgeted: bool = False
 
+    @property
+    def function(self) -> Callable | None:
+        """The ``custom_generate`` callable (imported on first use), or None for transformers' own decoding."""
+        return resolve(self.entry) if isinstance(self.entry, str) else self.entry
+
     def generate_kwargs(self, resources: Resources, budget: int | None = None,
                         reference: torch.Tensor | None = None, vocab: int | None = None) -> dict:
         """The kwargs that make ``model.generate()`` run this strategy (``do_sample`` and lengths not included)."""
         kwargs = dict(self.options) | (self.tuned(resources) if self.tuned is not None else {})
-        if self.function is not None:
+        if self.entry is not None:
             kwargs |= {"custom_generate": self.function, "return_dict_in_generate": True}
         if self.budgeted:
             kwargs["tree_budget"] = budget
@@ -62,10 +74,12 @@ class StrategySpec:
         if "draft_model" in self.needs:
             if resources.draft_model is None:
                 raise ValueError(f"The {self.name!r} strategy needs a draft model (--draft-model or --draft-layers)")
-            kwargs["assistant_model" if self.function is None else "draft_model"] = resources.draft_model
+            kwargs["assistant_model" if self.entry is None else "draft_model"] = resources.draft_model
         if "reference" in self.needs:
             if reference is None:
                 raise ValueError(f"The {self.name!r} strategy needs the reference output (benchmark only)")
+            from .drafters import OracleDrafter
+
             kwargs["drafter"] = OracleDrafter(reference, vocab, resources.block_size)
         return kwargs
 
@@ -74,39 +88,47 @@ def _registry(*specs: StrategySpec) -> dict[str, StrategySpec]:
     return {spec.name: spec for spec in specs}
 
 
+JACOBI, SPEC_JACOBI = "decoding.jacobi:jacobi_generate", "decoding.spec_jacobi:speculative_jacobi_generate"
+JETSPEC, SUFFIX = "decoding.jetspec:jetspec_generate", "decoding.suffix:suffix_generate"
+
 STRATEGIES: dict[str, StrategySpec] = _registry(
     StrategySpec("ar", "plain generate() (the baseline)"),
     StrategySpec("prompt-lookup", "transformers' prompt lookup decoding (n-gram match in the prompt, a chain)",
                  tuned=lambda r: {"prompt_lookup_num_tokens": r.prompt_lookup_tokens}),
     StrategySpec("assisted", "transformers' assisted decoding with a draft model", needs=("draft_model",)),
-    StrategySpec("jacobi", "Jacobi decoding, new slots guessed by n-gram lookup", jacobi_generate),
-    StrategySpec("jacobi-pad", "Jacobi decoding, textbook pad initialisation", jacobi_generate, {"init": "pad"}),
-    StrategySpec("jacobi-pool", "Jacobi decoding plus a Lookahead-style n-gram pool", jacobi_generate,
+    StrategySpec("jacobi", "Jacobi decoding, new slots guessed by n-gram lookup", JACOBI),
+    StrategySpec("jacobi-pad", "Jacobi decoding, textbook pad initialisation", JACOBI, {"init": "pad"}),
+    StrategySpec("jacobi-pool", "Jacobi decoding plus a Lookahead-style n-gram pool", JACOBI,
                  tuned=lambda r: {"ngram_pool": r.jacobi_pool}),
-    StrategySpec("spec-jacobi", "speculative Jacobi decoding with a draft model", speculative_jacobi_generate,
-                 needs=("draft_model",)),
+    StrategySpec("spec-jacobi", "speculative Jacobi decoding with a draft model", SPEC_JACOBI, needs=("draft_model",)),
     StrategySpec("suffix", "suffix decoding: retrieval trees from the prompt, the output and the head's datastore "
-                 "(no head)", suffix_generate, tuned=lambda r: {"datastore": r.datastore}, needs=("datastore",)),
-    StrategySpec("jetspec", "JetSpec: the head's drafts merged with retrieval in one calibrated tree",
-                 jetspec_generate, tuned=lambda r: {} if r.datastore is None else {"retrieval": r.datastore},
+                 "(no head)", SUFFIX, tuned=lambda r: {"datastore": r.datastore}, needs=("datastore",)),
+    StrategySpec("jetspec", "JetSpec: the head's drafts merged with retrieval in one calibrated tree", JETSPEC,
+                 tuned=lambda r: {} if r.datastore is None else {"retrieval": r.datastore},
                  needs=("head", "datastore"), budgeted=True),
-    StrategySpec("jetspec-head", "JetSpec with the head alone (no retrieval)", jetspec_generate,
-                 {"retrieval": False}, needs=("head",), budgeted=True),
-    StrategySpec("jetspec-chain", "JetSpec with a linear draft (chain)", jetspec_generate,
-                 {"tree_builder": "chain"}, needs=("head",), budgeted=True),
-    StrategySpec("jetspec-rrs", "JetSpec tree, recursive-rejection sampling rule", jetspec_generate,
-                 {"sampling_rule": "rrs"}, needs=("head",), budgeted=True),
-    StrategySpec("jetspec-oracle", "JetSpec drafting plain greedy's own output (upper bound)", jetspec_generate,
+    StrategySpec("jetspec-head", "JetSpec with the head alone (no retrieval)", JETSPEC, {"retrieval": False},
+                 needs=("head",), budgeted=True),
+    StrategySpec("jetspec-chain", "JetSpec with a linear draft (chain)", JETSPEC, {"tree_builder": "chain"},
+                 needs=("head",), budgeted=True),
+    StrategySpec("jetspec-rrs", "JetSpec tree, recursive-rejection sampling rule", JETSPEC, {"sampling_rule": "rrs"},
+                 needs=("head",), budgeted=True),
+    StrategySpec("jetspec-oracle", "JetSpec drafting plain greedy's own output (upper bound)", JETSPEC,
                  {"retrieval": False}, needs=("reference",), budgeted=True),
 )
 
-# The custom_generate callables by name.
-DECODING_FUNCTIONS: dict[str, Callable] = {
-    "jetspec": jetspec_generate,
-    "suffix": suffix_generate,
-    "jacobi": jacobi_generate,
-    "spec-jacobi": speculative_jacobi_generate,
-}
+# The custom_generate callables by name (``DECODING_FUNCTIONS``, computed on first access: it imports the loops).
+DECODING_NAMES = {"jetspec": JETSPEC, "suffix": SUFFIX, "jacobi": JACOBI, "spec-jacobi": SPEC_JACOBI}
+
+
+def decoding_functions() -> dict[str, Callable]:
+    """The custom_generate callables by name (also ``DECODING_FUNCTIONS``)."""
+    return {name: resolve(entry) for name, entry in DECODING_NAMES.items()}
+
+
+def __getattr__(name: str):
+    if name == "DECODING_FUNCTIONS":
+        return decoding_functions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get_strategy(name: str) -> StrategySpec:

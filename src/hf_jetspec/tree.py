@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .calibration import Calibration, head_features, retrieval_features, worth_adding
+from .limits import MAX_FORWARD_TOKENS
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
@@ -43,6 +44,8 @@ class DraftTree:
     children: list[dict[int, int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
+        if len(self) > MAX_FORWARD_TOKENS:  # its dense ancestor matrix and mask grow with the square of the size
+            raise ValueError(f"A draft tree holds at most {MAX_FORWARD_TOKENS} nodes, got {len(self)}")
         if not self.children:
             self.children = [{} for _ in range(len(self))]
             for node, (parent, token) in enumerate(zip(self.parents.tolist(), self.tokens.tolist())):

@@ -9,6 +9,9 @@ from ..cache import check_cache
 
 def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus: bool, model_kwargs: dict):
     """Check what the single-sequence loops support; return the cache ``generate()`` prepared (checked)."""
+    if (generation_config.num_beams or 1) > 1:  # first: generate() expands the batch to num_beams rows
+        raise ValueError(f"Beam search is not supported by hf_jetspec decoding (num_beams="
+                         f"{generation_config.num_beams}): speculative decoding follows one sequence; use num_beams=1.")
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"hf_jetspec decodes one sequence at a time; got batch size {input_ids.shape[0]} "
@@ -20,8 +23,6 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError("synced_gpus is not supported by hf_jetspec decoding.")
     if getattr(generation_config, "output_attentions", False) or getattr(generation_config, "output_hidden_states", False):
         raise ValueError("output_attentions / output_hidden_states are not supported by hf_jetspec decoding.")
-    if (generation_config.num_beams or 1) > 1:
-        raise ValueError("Beam search cannot be combined with speculative decoding.")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError("Padded inputs are not supported (batch size 1): pass the prompt without padding.")

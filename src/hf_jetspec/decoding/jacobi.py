@@ -23,6 +23,7 @@ from collections import OrderedDict
 import torch
 
 from ..acceptance import accept_walk
+from ..limits import check_window_limits
 from ..tree import DraftTree
 from .session import DecodingSession
 
@@ -190,6 +191,7 @@ def jacobi_generate(
         raise ValueError(f"Unknown Jacobi init {init!r}; choose from {INITIALISERS}")
     if window < 0 or ngram_pool < 0:
         raise ValueError(f"window and ngram_pool must be >= 0, got {window} and {ngram_pool}")
+    check_window_limits(model, input_ids.shape[1], generation_config, window, ngram_pool, pool_ngram_size)
     pool = NgramPool(pool_ngram_size) if ngram_pool else None
     pad_id, vocab = pad_token(generation_config, model), model.get_output_embeddings().weight.shape[0]
     rng = torch.Generator().manual_seed(init_seed)

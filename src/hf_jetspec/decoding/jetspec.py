@@ -13,6 +13,8 @@ from ..acceptance import DEFAULT_SAMPLING_RULE, accept, check_sampling_rule, dra
 from ..calibration import Calibration, resolve_node_cost
 from ..drafters import Drafter, HeadDrafter
 from ..head import JetSpecHead
+from ..limits import check_tree_limits
+from ..models import as_draft_head
 from ..retrieval import DEFAULT_RETRIEVAL_DEPTH, RetrievalDrafter, resolve_retrieval
 from ..tree import TREE_BUILDERS, DraftTree, merged_tree, sampled_tree
 from .session import DecodingSession
@@ -84,8 +86,9 @@ def jetspec_generate(
     sampling: the same distribution).
 
     Args (beyond ``generate()``'s own):
-        draft_head: the `JetSpecHead` made for this target (or ``drafter``: any `Drafter`, e.g. `OracleDrafter`);
-            optional only when ``retrieval`` is given explicitly (retrieval drafting alone: `suffix_generate`).
+        draft_head: the `JetSpecHead` made for this target, or its folder / Hub id (loaded on each call); or
+            ``drafter``: any `Drafter`, e.g. `OracleDrafter`; optional only when ``retrieval`` is given explicitly
+            (retrieval drafting alone: `suffix_generate`).
         tree_budget: tree nodes verified per step, root included (1 = plain decoding); default: the head's
             ``config.tree_budget`` (32).
         tree_width: candidate tokens per depth; default: the head's ``config.tree_width`` (8).
@@ -116,10 +119,12 @@ def jetspec_generate(
     """
     if tree_builder not in TREE_BUILDERS:
         raise ValueError(f"Unknown tree_builder {tree_builder!r}; choose from {sorted(TREE_BUILDERS)}")
+    draft_head = as_draft_head(draft_head, model)
     rejection = check_sampling_rule(sampling_rule) == "rrs" and bool(generation_config.do_sample)
     retriever = resolve_retrieval(retrieval, draft_head, model, head_only=rejection or tree_builder == "chain",
                                   depth=retrieval_depth)
     tree_budget, tree_width = tree_settings(draft_head, tree_budget, tree_width, merged=retriever is not None)
+    check_tree_limits(model, generation_config, tree_budget, tree_width)
     drafter = resolve_drafter(model, draft_head, drafter, required=retriever is None or retrieval is None)
     build_tree = TREE_BUILDERS[tree_builder]
     calibration = calibration or getattr(draft_head, "calibration", None) or Calibration()

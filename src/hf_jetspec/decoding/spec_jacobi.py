@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from ..acceptance import accept
 from ..cache import cache_kwarg, check_cache, keep_positions
+from ..limits import check_window_limits
 from ..tokens import TokenSelector
 from ..tree import DraftTree
 from .jacobi import leading_matches
@@ -126,6 +127,7 @@ def speculative_jacobi_generate(
     if num_draft_tokens < 1 or jacobi_iterations < 0:
         raise ValueError(f"num_draft_tokens must be >= 1 and jacobi_iterations >= 0, got {num_draft_tokens} and "
                          f"{jacobi_iterations}")
+    check_window_limits(model, input_ids.shape[1], generation_config, num_draft_tokens, name="num_draft_tokens")
     draft = DraftRunner(draft_model, model.get_output_embeddings().weight.shape[0])
     slot_accepts, rounds, jacobi_tokens, draft_forwards = [0] * num_draft_tokens, 0, 0, 0
     tail: list[int] = []  # the target's predictions for the rejected part of the last chain (Jacobi guesses)
