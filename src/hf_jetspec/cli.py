@@ -1,4 +1,4 @@
-"""``hf-jetspec``: generate (streaming), bench (side by side), convert-gguf, train."""
+"""``hf-jetspec``: generate (streaming), bench (side by side), convert-gguf, train, export-vllm."""
 
 from __future__ import annotations
 
@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default=None)
     c.add_argument("--force", action="store_true")
     c.set_defaults(func=cmd_convert)
+
+    from .export_vllm import add_export_command
+
+    add_export_command(sub)  # export-vllm
     return parser
 
 

@@ -156,6 +156,8 @@ class JetSpecHead(PreTrainedModel):
     config_class = JetSpecConfig
     base_model_prefix = "jetspec"
     main_input_name = "features"
+    # vLLM's DFlash layout stores a draft vocabulary as `d2t` + the target's LM-head rows (read by from_pretrained).
+    _keys_to_ignore_on_load_unexpected = [r"^d2t$", r"^lm_head\.weight$"]
     _supports_sdpa = True
 
     def __init__(self, config: JetSpecConfig) -> None:
@@ -234,10 +236,17 @@ class JetSpecHead(PreTrainedModel):
     # ------------------------------------------------------------------------------------------------ save / load
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> "JetSpecHead":
-        """Load a head (this library's layout or the reference JetSpec/DFlash layout). Unlike transformers'
+        """Load a head (this library's layout, the reference JetSpec/DFlash layout, or vLLM's DFlash layout as
+        written by `hf_jetspec.export_vllm`, whose ``d2t`` becomes the draft vocabulary). Unlike transformers'
         default, missing, unexpected or mis-shaped weights raise instead of being silently re-initialised."""
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        from .export_vllm import draft_vocab_from_checkpoint
+
+        draft_vocab = draft_vocab_from_checkpoint(pretrained_model_name_or_path, kwargs)
+        if draft_vocab is not None:
+            model.config.draft_vocab = draft_vocab
+            model.config.validate_head()
         problems = {key: info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(key)}
         if problems:
             raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {pretrained_model_name_or_path!s}: {problems}")
