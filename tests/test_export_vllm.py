@@ -50,9 +50,10 @@ def drafts(head, target, features, taps, depth=None):
     drafter = HeadDrafter(head, target)
     drafter.start()
     tokens, seen, out = torch.arange(7, 27)[None], 0, []
+    depth = head.config.block_size - 1 if depth is None else depth
     for n in (4, 1, 2):  # prompt of 4 committed positions, then rounds committing 1 and 2 more
         ids = tokens[:, : seen + n + 1]  # the committed positions and the anchor
-        out.append(drafter.propose(ids, features[seen : seen + n], head.config.block_size - 1 if depth is None else depth))
+        out.append(drafter.propose(ids, features[seen : seen + n], depth))
         seen += n
     return torch.cat(out)
 
