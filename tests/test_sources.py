@@ -57,6 +57,10 @@ def test_eval_guard_catches_equal_and_contained_texts():
     assert "is 7   PRIME?" in guard
     assert "Quick question: is 7 prime?" not in guard  # short texts only match whole
     assert "Write a persuasive essay to convince your friend to adopt a dog." not in guard
+    statement = "Given an array of integers and a target, return the indices of the two numbers adding up to it."
+    guard = sources.EvalGuard([f"# Two Sum\n\n{statement}\n\nInput: 1\n\nShort paragraph."])
+    assert f"Can you solve this?\n{statement}" in guard  # one long paragraph of it pasted
+    assert "Can you solve this?\nShort paragraph." not in guard
 
 
 def test_evaluation_texts_hold_both_mt_bench_turns_and_the_code_math_set():
@@ -260,7 +264,8 @@ def test_eval_set_never_overlaps_training_prompts():
     eval_ids = {p.id for p in load_prompts("code-math")}
     assert not {p["id"] for ps in kept.values() for p in ps} & eval_ids
     assert not any(m["content"] in guard for ps in kept.values() for p in ps for m in p["messages"])
-    assert len(kept["leetcode"]) == 1405 - 24 - skipped["leetcode"]["duplicate_text"]
+    assert skipped["leetcode"]["eval"] <= 2  # problems sharing a paragraph with an evaluation problem
+    assert len(kept["leetcode"]) == 1405 - 24 - skipped["leetcode"]["duplicate_text"] - skipped["leetcode"]["eval"]
 
 
 # --- the answer store -----------------------------------------------------------------------------------------------

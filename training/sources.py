@@ -54,11 +54,13 @@ CODE_INSTRUCTION = "Solve this problem in Python."
 MATH_INSTRUCTION = "Solve this step by step, then give the final answer."
 EVAL_CODE_COUNT = EVAL_MATH_COUNT = 24
 MIN_CONTAINED_CHARS = 24  # evaluation texts at least this long are also caught inside longer training texts
+MIN_PARAGRAPH_CHARS = 80  # and so are their paragraphs at least this long
 MATH_PER_MODULE = 200
 MATH_LEVELS = 3  # training questions cycle through easy / medium / hard entropy thirds
 MAGPIE_FILE = Path("data/prompts/magpie.jsonl")
 MATH_FILE = Path("data/prompts/math.jsonl")
 _SPACE = re.compile(r"\s+")
+_PARAGRAPH = re.compile(r"\n\s*\n")
 
 
 # --- normalised text keys and the evaluation guard ---------------------------------------------------------------
@@ -82,12 +84,16 @@ def messages_key(messages: Sequence[dict]) -> str:
 
 class EvalGuard:
     """Evaluation texts that must never reach training: a text is caught if its normalised form equals one, or
-    contains one of at least `MIN_CONTAINED_CHARS` characters (an evaluation question pasted into a longer turn)."""
+    contains one of at least `MIN_CONTAINED_CHARS` characters (an evaluation question pasted into a longer turn), or
+    contains a paragraph of one of at least `MIN_PARAGRAPH_CHARS` (part of a problem statement pasted)."""
 
     def __init__(self, texts: Iterable[str]) -> None:
-        normalised = {normalize_text(t) for t in texts if t.strip()}
+        texts = [t for t in texts if t.strip()]
+        normalised = {normalize_text(t) for t in texts}
+        paragraphs = {normalize_text(p) for t in texts for p in _PARAGRAPH.split(t)}
         self.keys = {hashlib.sha1(n.encode()).hexdigest()[:16] for n in normalised}
-        self.needles = sorted(n for n in normalised if len(n) >= MIN_CONTAINED_CHARS)
+        self.needles = sorted({n for n in normalised if len(n) >= MIN_CONTAINED_CHARS}
+                              | {p for p in paragraphs if len(p) >= MIN_PARAGRAPH_CHARS})
 
     def __len__(self) -> int:
         return len(self.keys)
