@@ -60,6 +60,7 @@ def write_chunk(path: str | Path, rows: Sequence[dict], source: str) -> Path:
     metadata = {"format": FORMAT, "source": source, "ids": json.dumps([str(r["id"]) for r in rows])}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_file(tensors, str(tmp), metadata=metadata)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
 
