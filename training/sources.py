@@ -59,6 +59,7 @@ MATH_PER_MODULE = 200
 MATH_LEVELS = 3  # training questions cycle through easy / medium / hard entropy thirds
 MAGPIE_FILE = Path("data/prompts/magpie.jsonl")
 MATH_FILE = Path("data/prompts/math.jsonl")
+CACHE_KEEP = 3  # memoised prompt sets kept in the cache
 _SPACE = re.compile(r"\s+")
 _PARAGRAPH = re.compile(r"\n\s*\n")
 
@@ -585,6 +586,8 @@ def cached_select_prompts(names: Sequence[str], tokenizer: PreTrainedTokenizerBa
     save_file(tensors, str(tmp), metadata={"ids": json.dumps({n: [p["id"] for p in prompts[n]] for n in names}),
                                            "counts": json.dumps(counts)})
     tmp.replace(path)
+    for old in sorted(path.parent.glob("prompts-*.safetensors"), key=lambda p: p.stat().st_mtime)[:-CACHE_KEEP]:
+        old.unlink(missing_ok=True)  # keep the newest few (a full set is ~90 MB)
     return prompts, counts
 
 
