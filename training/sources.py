@@ -557,6 +557,7 @@ def cached_select_prompts(names: Sequence[str], tokenizer: PreTrainedTokenizerBa
     from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
+    from .answers import token_dtype
     from .data import sharegpt_path
 
     paths = [Path(sharegpt or sharegpt_path()), Path(math_path), Path(magpie_path), leetcode_dir(), CODE_MATH_EVAL]
@@ -579,7 +580,8 @@ def cached_select_prompts(names: Sequence[str], tokenizer: PreTrainedTokenizerBa
     tensors = {}
     for name in names:
         lengths = [len(p["input_ids"]) for p in prompts[name]]
-        tensors[f"{name}.tokens"] = np.array([t for p in prompts[name] for t in p["input_ids"]], dtype=np.int32)
+        tensors[f"{name}.tokens"] = np.array([t for p in prompts[name] for t in p["input_ids"]],
+                                             dtype=token_dtype(prompts[name]))
         tensors[f"{name}.offsets"] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -587,7 +589,7 @@ def cached_select_prompts(names: Sequence[str], tokenizer: PreTrainedTokenizerBa
                                            "counts": json.dumps(counts)})
     tmp.replace(path)
     for old in sorted(path.parent.glob("prompts-*.safetensors"), key=lambda p: p.stat().st_mtime)[:-CACHE_KEEP]:
-        old.unlink(missing_ok=True)  # keep the newest few (a full set is ~90 MB)
+        old.unlink(missing_ok=True)  # keep the newest few (a full set is ~70 MB)
     return prompts, counts
 
 
