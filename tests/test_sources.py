@@ -57,6 +57,10 @@ def test_eval_guard_catches_equal_and_contained_texts():
     assert "is 7   PRIME?" in guard
     assert "Quick question: is 7 prime?" not in guard  # short texts only match whole
     assert "Write a persuasive essay to convince your friend to adopt a dog." not in guard
+    statement = "Given an array of integers and a target, return the indices of the two numbers adding up to it."
+    guard = sources.EvalGuard([f"# Two Sum\n\n{statement}\n\nInput: 1\n\nShort paragraph."])
+    assert f"Can you solve this?\n{statement}" in guard  # one long paragraph of it pasted
+    assert "Can you solve this?\nShort paragraph." not in guard
 
 
 def test_evaluation_texts_hold_both_mt_bench_turns_and_the_code_math_set():
@@ -260,7 +264,8 @@ def test_eval_set_never_overlaps_training_prompts():
     eval_ids = {p.id for p in load_prompts("code-math")}
     assert not {p["id"] for ps in kept.values() for p in ps} & eval_ids
     assert not any(m["content"] in guard for ps in kept.values() for p in ps for m in p["messages"])
-    assert len(kept["leetcode"]) == 1405 - 24 - skipped["leetcode"]["duplicate_text"]
+    assert skipped["leetcode"]["eval"] <= 2  # problems sharing a paragraph with an evaluation problem
+    assert len(kept["leetcode"]) == 1405 - 24 - skipped["leetcode"]["duplicate_text"] - skipped["leetcode"]["eval"]
 
 
 # --- the answer store -----------------------------------------------------------------------------------------------
@@ -308,11 +313,14 @@ def test_store_resumes_and_reads_back(tmp_path):
         answers.AnswerStore(tmp_path, "src", settings=settings | {"dtype": "fp32"})
 
 
-def test_store_summary_table(tmp_path, capsys):
-    answers.AnswerStore(tmp_path, "src", chunk_rows=2).add(_rows("a", 4))
+def test_store_summary_table_and_flush(tmp_path, capsys):
+    answers.AnswerStore(tmp_path, "src", chunk_rows=2).add(_rows("a", 5))
     answers.main([str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("| src | 2 | 4 | 2 | 8 |") and lines[3].startswith("| total | 2 | 4 |")
+    answers.main([str(tmp_path), "--flush"])  # the pending fifth row becomes a chunk
+    assert capsys.readouterr().out.splitlines()[2].startswith("| src | 3 | 5 | 3 | 10 |")
+    assert (tmp_path / "src" / answers.PENDING).read_text() == ""
 
 
 def test_torn_chunk_is_skipped_by_readers_and_regenerated_by_writers(tmp_path):
@@ -346,3 +354,28 @@ def test_inconsistent_chunk_is_torn(tmp_path):
               metadata={"format": answers.FORMAT, "source": "s", "ids": '["x"]'})
     with pytest.raises(answers.TornChunkError, match="inconsistent"):
         answers.read_chunk(path)
+
+
+def test_selected_prompts_are_cached_until_an_input_changes(tokenizer, tmp_path, monkeypatch):
+    for i in range(26):
+        _problem(tmp_path, f"p{i}", f"Solve problem {i}.")
+    problems = sources.load_leetcode(tmp_path)
+    monkeypatch.setattr(sources, "load_leetcode", lambda: problems)
+    sharegpt = tmp_path / "sharegpt.json"
+    sharegpt.write_text(json.dumps([_conversation("a", "Hi", "Hello", "How are you?")]))
+    math = tmp_path / "math.jsonl"
+    math.write_text(json.dumps({"id": "math:m:0", "question": "What is 2 + 2?"}) + "\n")
+    kwargs = {"cache_dir": tmp_path / "cache", "sharegpt": sharegpt, "math_path": math,
+              "magpie_path": tmp_path / "magpie.jsonl", "max_context_tokens": 512}
+    names = ["math", "sharegpt-turns", "leetcode"]
+    first, counts = sources.cached_select_prompts(names, tokenizer, **kwargs)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    calls, select = [], sources.select_prompts
+    monkeypatch.setattr(sources, "select_prompts", lambda *a, **k: calls.append(1) or select(*a, **k))
+    again, counts_again = sources.cached_select_prompts(names, tokenizer, **kwargs)
+    assert not calls and counts_again == counts
+    assert {n: [(p["id"], p["input_ids"]) for p in ps] for n, ps in again.items()} == {
+        n: [(p["id"], p["input_ids"]) for p in ps] for n, ps in first.items()}
+    math.write_text(json.dumps({"id": "math:m:0", "question": "What is 2 + 3?"}) + "\n")
+    sources.cached_select_prompts(names, tokenizer, **kwargs)
+    assert calls  # a changed input file is built again

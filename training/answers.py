@@ -60,6 +60,7 @@ def write_chunk(path: str | Path, rows: Sequence[dict], source: str) -> Path:
     metadata = {"format": FORMAT, "source": source, "ids": json.dumps([str(r["id"]) for r in rows])}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     save_file(tensors, str(tmp), metadata=metadata)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
 
@@ -220,12 +221,19 @@ class AnswerStore:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m hf_jetspec.training.answers data/answers``: per-source counts of a store, as a Markdown table."""
+    """``python -m hf_jetspec.training.answers data/answers [--flush]``: per-source counts of a store, as a Markdown
+    table."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("root", type=Path, nargs="?", default=Path("data/answers"))
+    parser.add_argument("--flush", action="store_true",
+                        help="first write every source's pending rows as a chunk (only while no generator runs), so "
+                             "that all finished rows can be committed")
     args = parser.parse_args(argv)
+    if args.flush:
+        for directory in source_dirs(args.root):
+            AnswerStore(args.root, directory.name).flush()
     summary = store_summary(args.root)
     total = {key: sum(s[key] for s in summary.values()) for key in next(iter(summary.values()), {})}
     print("| source | chunks | rows | ended (eos) | prompt tokens | answer tokens | bytes | bytes/token |")

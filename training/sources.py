@@ -54,11 +54,14 @@ CODE_INSTRUCTION = "Solve this problem in Python."
 MATH_INSTRUCTION = "Solve this step by step, then give the final answer."
 EVAL_CODE_COUNT = EVAL_MATH_COUNT = 24
 MIN_CONTAINED_CHARS = 24  # evaluation texts at least this long are also caught inside longer training texts
+MIN_PARAGRAPH_CHARS = 80  # and so are their paragraphs at least this long
 MATH_PER_MODULE = 200
 MATH_LEVELS = 3  # training questions cycle through easy / medium / hard entropy thirds
 MAGPIE_FILE = Path("data/prompts/magpie.jsonl")
 MATH_FILE = Path("data/prompts/math.jsonl")
+CACHE_KEEP = 3  # memoised prompt sets kept in the cache
 _SPACE = re.compile(r"\s+")
+_PARAGRAPH = re.compile(r"\n\s*\n")
 
 
 # --- normalised text keys and the evaluation guard ---------------------------------------------------------------
@@ -82,12 +85,16 @@ def messages_key(messages: Sequence[dict]) -> str:
 
 class EvalGuard:
     """Evaluation texts that must never reach training: a text is caught if its normalised form equals one, or
-    contains one of at least `MIN_CONTAINED_CHARS` characters (an evaluation question pasted into a longer turn)."""
+    contains one of at least `MIN_CONTAINED_CHARS` characters (an evaluation question pasted into a longer turn), or
+    contains a paragraph of one of at least `MIN_PARAGRAPH_CHARS` (part of a problem statement pasted)."""
 
     def __init__(self, texts: Iterable[str]) -> None:
-        normalised = {normalize_text(t) for t in texts if t.strip()}
+        texts = [t for t in texts if t.strip()]
+        normalised = {normalize_text(t) for t in texts}
+        paragraphs = {normalize_text(p) for t in texts for p in _PARAGRAPH.split(t)}
         self.keys = {hashlib.sha1(n.encode()).hexdigest()[:16] for n in normalised}
-        self.needles = sorted(n for n in normalised if len(n) >= MIN_CONTAINED_CHARS)
+        self.needles = sorted({n for n in normalised if len(n) >= MIN_CONTAINED_CHARS}
+                              | {p for p in paragraphs if len(p) >= MIN_PARAGRAPH_CHARS})
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -517,6 +524,73 @@ def select_prompts(names: Sequence[str], tokenizer: PreTrainedTokenizerBase, *, 
                                           max_context_tokens=max_context_tokens, skipped=skipped[name])
         skipped[name]["kept"] = len(selected[name])
     return selected, skipped
+
+
+def _fingerprint(tokenizer: PreTrainedTokenizerBase, options: dict, paths: Sequence[Path]) -> str:
+    """A hash of everything `select_prompts` depends on: options, input files (contents; a big file's size and time;
+    a folder's file list), evaluation texts, tokenizer and chat template, and this code."""
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            digest.update(json.dumps([(p.name, p.stat().st_size) for p in sorted(path.iterdir())]).encode())
+        elif path.exists() and path.stat().st_size < 2**26:
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        elif path.exists():  # a big file (ShareGPT): its place, size and time
+            digest.update(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}".encode())
+        else:
+            digest.update(f"{path}:absent".encode())
+    digest.update("\x00".join(evaluation_texts()).encode())
+    digest.update(tokenizer.backend_tokenizer.to_str().encode() + str(tokenizer.chat_template).encode())
+    for module in (__file__, sys.modules[build_prompts.__module__].__file__):
+        digest.update(Path(module).read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def cached_select_prompts(names: Sequence[str], tokenizer: PreTrainedTokenizerBase, *, cache_dir: str | Path,
+                          sharegpt: str | Path | None = None, conversations: Sequence[dict] | None = None,
+                          math_path: str | Path = MATH_FILE, magpie_path: str | Path = MAGPIE_FILE,
+                          **options) -> tuple[dict[str, list[dict]], dict[str, Counter]]:
+    """`select_prompts` from the packaged / given inputs, memoised on disk (building every source takes minutes):
+    prompts ``{"id", "input_ids"}`` and counts, reused while no input, option or code changes (`_fingerprint`)."""
+    import numpy as np
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    from .answers import token_dtype
+    from .data import sharegpt_path
+
+    paths = [Path(sharegpt or sharegpt_path()), Path(math_path), Path(magpie_path), leetcode_dir(), CODE_MATH_EVAL]
+    key = _fingerprint(tokenizer, {"names": list(names), **options}, paths)
+    path = Path(cache_dir) / f"prompts-{key}.safetensors"
+    if path.exists():
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata()
+        tensors, ids = load_file(str(path)), json.loads(meta["ids"])
+        prompts = {}
+        for name in names:
+            tokens, offsets = tensors[f"{name}.tokens"].astype(np.int64).tolist(), tensors[f"{name}.offsets"]
+            prompts[name] = [{"id": pid, "input_ids": tokens[offsets[i]:offsets[i + 1]]}
+                             for i, pid in enumerate(ids[name])]
+        return prompts, {name: Counter(c) for name, c in json.loads(meta["counts"]).items()}
+    if conversations is None:
+        conversations, _ = load_sharegpt(sharegpt)
+    prompts, counts = select_prompts(names, tokenizer, conversations=conversations, math_path=math_path,
+                                     magpie_path=magpie_path, **options)
+    tensors = {}
+    for name in names:
+        lengths = [len(p["input_ids"]) for p in prompts[name]]
+        tensors[f"{name}.tokens"] = np.array([t for p in prompts[name] for t in p["input_ids"]],
+                                             dtype=token_dtype(prompts[name]))
+        tensors[f"{name}.offsets"] = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp), metadata={"ids": json.dumps({n: [p["id"] for p in prompts[n]] for n in names}),
+                                           "counts": json.dumps(counts)})
+    tmp.replace(path)
+    for old in sorted(path.parent.glob("prompts-*.safetensors"), key=lambda p: p.stat().st_mtime)[:-CACHE_KEEP]:
+        old.unlink(missing_ok=True)  # keep the newest few (a full set is ~70 MB)
+    return prompts, counts
 
 
 def main(argv: Sequence[str] | None = None) -> None:
