@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +244,50 @@ def test_train_command_reads_several_feature_stores(model_dir, tmp_path):
         main(args + [str(tmp_path / "a"), str(tmp_path / "c")])
     with pytest.raises(ValueError, match="not found"):
         main(args + [str(tmp_path / "a"), str(tmp_path / "missing")])
+
+
+def test_bench_calibration_log_then_calibrate(model_dir, prompts_file, tmp_path, capsys):
+    """bench --calibration-log records the merged trees' verified nodes; calibrate fits them into calibration.json
+    (which a head folder then carries); bad logs and node costs are one-line errors."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_jetspec.calibration import CALIBRATION_FILE, Calibration, read_records
+    from hf_jetspec.prompts import encode_prompt
+    from hf_jetspec.suffix_index import CorpusIndex
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir / "model")
+    texts = [json.loads(line)["q"] for line in prompts_file.read_text().splitlines()]
+    answers = []
+    for text in texts:  # the corpus holds the target's own answers (accepted) and random text (rejected)
+        ids = encode_prompt(tokenizer, text)
+        answers.append(model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist())
+    noise = torch.randint(0, len(tokenizer), (40, 30), generator=torch.Generator().manual_seed(0)).tolist()
+    # The first prompt's answer as it is; the others' openings with wrong continuations (rejected once verified).
+    corpus = [answers[0]] + [a[:4] + n for a, n in zip(answers[1:], noise)] + noise[len(answers):]
+    CorpusIndex.build(corpus, len(tokenizer)).save(tmp_path / "store")
+    drafter = tmp_path / "drafter"  # the test head with a stored node cost of 0: trees always fill the budget
+    shutil.copytree(model_dir / "head", drafter)
+    Calibration(node_cost=0.0).save(drafter)
+
+    log, head = tmp_path / "log.jsonl", tmp_path / "head"
+    assert main(["bench", "--model", str(model_dir / "model"), "--head", str(drafter),
+                 "--datastore", str(tmp_path / "store"), "--prompts", str(prompts_file), "--field", "q",
+                 "--max-new-tokens", "24", "--strategies", "ar,jetspec", "--budgets", "8",
+                 "--calibration-log", str(log)]) == 0
+    records = read_records([log])
+    retrieval = [r for r in records if r["kind"] == "retrieval"]
+    assert len(retrieval) >= 20 and {r["accepted"] for r in retrieval} == {True, False}
+    assert "verification records" in capsys.readouterr().out
+
+    assert main(["calibrate", str(log), "--out", str(head), "--node-cost", "0.03"]) == 0
+    calibration = Calibration.load(head / CALIBRATION_FILE)
+    assert calibration.fitted_on["retrieval"] == len(retrieval) and calibration.node_cost == 0.03
+    assert calibration.retrieval != Calibration().retrieval
+
+    for bad, message in ((["calibrate", str(tmp_path / "missing.jsonl"), "--out", str(head)], "no such file"),
+                         (["calibrate", str(log), "--out", str(head), "--node-cost", "cheap"], "--node-cost"),
+                         (["calibrate", str(prompts_file), "--out", str(head)], "not a calibration record")):
+        assert main(bad) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1

@@ -286,3 +286,43 @@ def test_main_store_end_to_end(tmp_path, capsys):
     assert "wrote 0 rows" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         data.parse_args(["--store", str(store), "--out", str(tmp_path / "x.jsonl")])
+
+
+def test_datastore_and_calibration_prompts_from_a_store(tmp_path, tokenizer):
+    """The store's answers become a datastore (answers only, the tokenizer's fingerprint); calibration prompts are
+    single-turn rows whose text renders back to the stored prompt, and their answers are left out of the
+    calibration datastore."""
+    from hf_jetspec.suffix_index import CorpusIndex, tokenizer_fingerprint
+    from hf_jetspec.training.answers import AnswerStore, build_datastore
+    from hf_jetspec.training.calibrate import held_out_rows, main as calibrate_main
+    from hf_jetspec.prompts import encode_prompt
+
+    store = AnswerStore(tmp_path / "answers", "demo", chunk_rows=2)
+    rows = []
+    for number in range(5):
+        messages = [{"role": "user", "content": f"Question {number}: what is {number} + {number}?"}]
+        if number == 4:  # a later turn: two user turns, never a calibration prompt
+            messages = [messages[0], {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"]
+        answer = tokenizer(f"The answer is {2 * number}, number {number}.")["input_ids"]
+        rows.append({"id": f"demo:{number}", "input_ids": list(prompt) + answer, "prompt_len": len(prompt),
+                     "finish": "eos"})
+    store.add(rows)
+    store.flush()
+
+    index = CorpusIndex.load(build_datastore(tmp_path / "answers", tmp_path / "ds", tokenizer))
+    assert index.tokenizer_fingerprint == tokenizer_fingerprint(tokenizer)
+    assert index.tokens.size == sum(len(r["input_ids"]) - r["prompt_len"] + 1 for r in rows)  # + 1 separator each
+
+    held = held_out_rows(tmp_path / "answers", tokenizer, per_source=10)
+    assert sorted(r["id"] for r in held) == [f"demo:{n}" for n in range(4)]
+    for row in held:
+        stored = next(r for r in rows if r["id"] == row["id"])
+        assert encode_prompt(tokenizer, row["prompt"])[0].tolist() == stored["input_ids"][: stored["prompt_len"]]
+
+    calibrate_main([str(tmp_path / "answers"), "--per-source", "2", "--seed", "1", "--out", str(tmp_path / "cal")])
+    chosen = [json.loads(line)["id"] for line in (tmp_path / "cal" / "prompts.jsonl").read_text().splitlines()]
+    left = CorpusIndex.load(tmp_path / "cal")
+    kept = [r for r in rows if r["id"] not in chosen]
+    assert len(chosen) == 2 and left.tokens.size == sum(len(r["input_ids"]) - r["prompt_len"] + 1 for r in kept)

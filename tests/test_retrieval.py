@@ -75,3 +75,35 @@ def test_a_datastore_for_another_vocabulary_is_refused():
         head = JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1)
         model.generate(PROMPT, max_new_tokens=4, custom_generate=hf_jetspec.jetspec_generate, draft_head=head,
                        tree_builder="chain", retrieval=True)
+
+
+def test_push_to_hub_carries_datastore_and_calibration(tmp_path, monkeypatch):
+    """push_to_hub uploads datastore.safetensors and calibration.json beside the weights; a head loaded back by repo
+    id (the Hub download mocked by the uploaded folder) has both."""
+    import shutil
+
+    import huggingface_hub
+    import transformers.utils
+
+    hub = tmp_path / "hub"
+
+    class Repo:
+        repo_id = "me/head"
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo_id, **kw: Repo())
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder",
+                        lambda self, *, repo_id, folder_path, **kw: shutil.copytree(folder_path, hub))
+    model = make_target("llama", seed=0)
+    head = JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1)
+    head.datastore = CorpusIndex.build([[1, 2, 3, 1, 2, 4]], vocab_size=128)
+    head.calibration = Calibration(node_cost=0.02)
+    head.push_to_hub("me/head")
+    assert {DATASTORE_FILE, CALIBRATION_FILE, "config.json", "model.safetensors"} <= {p.name for p in hub.iterdir()}
+
+    def cached_file(repo, name, **kwargs):
+        assert repo == "me/head"
+        return str(hub / name) if (hub / name).is_file() else None
+
+    monkeypatch.setattr(transformers.utils, "cached_file", cached_file)
+    datastore, calibration = hf_jetspec.retrieval.load_retrieval_assets("me/head")
+    assert datastore.num_tokens == 6 and calibration.node_cost == 0.02

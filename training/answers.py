@@ -221,8 +221,9 @@ class AnswerStore:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m hf_jetspec.training.answers data/answers [--flush]``: per-source counts of a store, as a Markdown
-    table."""
+    """``python -m hf_jetspec.training.answers data/answers [--flush] [--datastore DIR [--tokenizer MODEL]]``:
+    per-source counts of a store, as a Markdown table; ``--datastore`` also indexes the answers (without their
+    prompts) as a retrieval datastore (``DIR/datastore.safetensors``, e.g. a head's folder)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -230,6 +231,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--flush", action="store_true",
                         help="first write every source's pending rows as a chunk (only while no generator runs), so "
                              "that all finished rows can be committed")
+    parser.add_argument("--datastore", type=Path, default=None, metavar="DIR",
+                        help="write DIR/datastore.safetensors: a suffix index over every committed answer")
+    parser.add_argument("--tokenizer", default=None, metavar="MODEL",
+                        help="the tokenizer the answers were made with (default: the embedded SmolLM2's)")
+    parser.add_argument("--with-prompts", action="store_true", help="index prompt + answer, not the answer alone")
     args = parser.parse_args(argv)
     if args.flush:
         for directory in source_dirs(args.root):
@@ -242,6 +248,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         tokens = s["prompt_tokens"] + s["answer_tokens"]
         print(f"| {name} | {s['chunks']} | {s['rows']:,} | {s['eos']:,} | {s['prompt_tokens']:,} | "
               f"{s['answer_tokens']:,} | {s['bytes']:,} | {s['bytes'] / max(tokens, 1):.2f} |")
+    if args.datastore is not None:
+        print(build_datastore(args.root, args.datastore, args.tokenizer, answers_only=not args.with_prompts))
+
+
+def build_datastore(root: str | Path, out_dir: str | Path, tokenizer=None, *, answers_only: bool = True) -> Path:
+    """Index a store's committed answers as a retrieval datastore in ``out_dir`` (``datastore.safetensors``, with
+    the tokenizer's fingerprint so that a target with another vocabulary refuses it). ``tokenizer``: a tokenizer,
+    a model folder / Hub id, or None for the embedded SmolLM2's."""
+    from hf_jetspec.suffix_index import CorpusIndex, tokenizer_fingerprint
+
+    if tokenizer is None:
+        from hf_jetspec.models import default_model
+
+        tokenizer = default_model()[1]
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+    index = CorpusIndex.build(token_sequences(root, answers_only=answers_only), len(tokenizer),
+                              tokenizer_fingerprint(tokenizer))
+    return index.save(out_dir)
 
 
 if __name__ == "__main__":

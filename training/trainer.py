@@ -136,7 +136,8 @@ class JetSpecTrainer(Trainer):
 @torch.no_grad()
 def measure_tau(target, head: JetSpecHead, prompts: list[list[int]], max_new_tokens: int = 64,
                 tree_budget: int | None = None) -> float:
-    """Mean tokens per target forward of greedy JetSpec decoding over ``prompts`` (token id lists)."""
+    """Mean tokens per target forward of greedy JetSpec decoding with the head alone (no retrieval: the head's own
+    acceptance, independent of any timing) over ``prompts`` (token id lists)."""
     if not prompts:
         return float("nan")
     was_training = head.training
@@ -148,7 +149,7 @@ def measure_tau(target, head: JetSpecHead, prompts: list[list[int]], max_new_tok
     for ids in prompts:
         out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=max_new_tokens,
                               custom_generate=jetspec_generate, draft_head=draft, tree_budget=tree_budget,
-                              return_dict_in_generate=True)
+                              retrieval=False, return_dict_in_generate=True)
         accepted += sum(out.accept_lengths)
         steps += len(out.accept_lengths)
     head.train(was_training)

@@ -185,7 +185,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--per-category", action="store_true", help="also print a table per category")
     b.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON to FILE")
     b.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots into the folder DIR")
+    b.add_argument("--calibration-log", default=None, metavar="FILE",
+                   help="write the merged trees' verification records (JSONL) to FILE, for `hf-jetspec calibrate`")
     b.set_defaults(func=cmd_bench)
+
+    k = sub.add_parser("calibrate", help="fit a merged tree's calibration from bench verification records",
+                       description="Fit the acceptance estimates of merged (head + retrieval) trees from the records "
+                                   "`hf-jetspec bench --calibration-log FILE` wrote, and save calibration.json into "
+                                   "DIR (a head's folder: from_pretrained and generate() then use it).")
+    k.add_argument("logs", nargs="+", metavar="LOG", help="JSONL files written by bench --calibration-log")
+    k.add_argument("--out", required=True, metavar="DIR", help="folder that receives calibration.json")
+    k.add_argument("--node-cost", default=None, metavar="KAPPA",
+                   help="also store the node cost: a number >= 0, or 'measure' (timed on --model here); default: "
+                        "keep DIR's, else measured at generation time")
+    k.add_argument("--model", default=None, metavar="PATH", help="model for --node-cost measure (default: embedded)")
+    k.set_defaults(func=cmd_calibrate)
 
     sub.add_parser("train", add_help=False,
                    help="train a JetSpec head with the transformers Trainer (see `hf-jetspec train --help`)")
@@ -240,6 +254,8 @@ def check_arguments(args) -> None:
             check_file_path(args.json, "--json")
         if args.plots:
             check_folder_path(args.plots, "--plots")
+        if args.calibration_log:
+            check_file_path(args.calibration_log, "--calibration-log")
         prompts = load_prompts(args.prompts, field=args.field, category_field=args.category_field)
         args.prompt_list = limit_per_category(prompts, args.limit)
         if not args.prompt_list:
@@ -495,6 +511,8 @@ def cmd_bench(args) -> int:
     strategies = bench.parse_strategies(",".join(args.strategies), args.budgets, args.temperatures)
     model, tokenizer = load_target(args.model, args.dtype, args.device)
     resources = load_resources(args, model, {s.kind for s in strategies})
+    if args.calibration_log:
+        resources.calibration_log = []
     exact = args.dtype == "float32"
 
     def report(prompt_id, name, position):
@@ -511,10 +529,47 @@ def cmd_bench(args) -> int:
     settings = {k: ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if isinstance(v, list) else v
                 for k, v in vars(args).items() if k not in ("func", "prompt_list")}  # lists as typed: "ar,jetspec"
     status = save_results(args, bench.results_payload(result, model, settings), result)
+    if args.calibration_log:
+        from .calibration import write_records
+
+        write_records(args.calibration_log, resources.calibration_log)
+        print(f"wrote {args.calibration_log} ({len(resources.calibration_log):,} verification records)")
     if result.mismatches and exact:
         print(f"FAILED: {len(result.mismatches)} greedy outputs differ from plain greedy generate", file=sys.stderr)
         return 1
     return status
+
+
+# ---------------------------------------------------------------------------------------------------- calibrate
+
+
+def cmd_calibrate(args) -> int:
+    from pathlib import Path
+
+    from .calibration import CALIBRATION_FILE, Calibration, fit, measure_node_cost, read_records
+
+    for log in args.logs:
+        if not Path(log).is_file():
+            raise CLIError(f"calibration log {log}: no such file")
+    records = read_records(args.logs)
+    existing = Path(args.out) / CALIBRATION_FILE
+    base = Calibration.load(existing) if existing.is_file() else None
+    node_cost = None
+    if args.node_cost == "measure":
+        from .models import load_target
+
+        node_cost = measure_node_cost(load_target(args.model, "float32", None)[0])
+    elif args.node_cost is not None:
+        try:
+            node_cost = float(args.node_cost)
+        except ValueError:
+            raise CLIError(f"--node-cost: a number >= 0 or 'measure', got {args.node_cost!r}") from None
+    calibration = fit(records, base=base, node_cost=node_cost)
+    path = calibration.save(args.out)
+    kinds = {kind: sum(r["kind"] == kind for r in records) for kind in ("head", "retrieval")}
+    print(f"wrote {path}: fitted on {calibration.fitted_on} records (logged: {kinds}); node cost "
+          f"{calibration.node_cost if calibration.node_cost is not None else 'measured at generation time'}")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------------- convert-gguf

@@ -528,6 +528,9 @@ class CorpusIndex:
                     "tokenizer_fingerprint": self.tokenizer_fingerprint, "max_match": str(self.max_match),
                     "suffix_array": "stored" if suffix_array else "rebuild"}
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(file), metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(file, 0o666 & ~umask)  # safetensors creates the file owner-only; a datastore is shared like weights
         return file
 
     @classmethod
