@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces every table in docs/results.md: `bash docs/benchmarks.sh` after `make setup` (2-core CPU: ~40 min).
+# Reproduces every table in docs/results.md: `bash docs/benchmarks.sh` after `make setup` (2-core CPU: ~90 min).
 # Each command runs its strategies in one process, interleaved per prompt, after a warm-up; JSON -> docs/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,16 @@ $BENCH --limit 1 --strategies ar,prompt-lookup,assisted,jacobi,jacobi-pad,jacobi
 $BENCH --limit 1 --strategies ar,jetspec,jetspec-rrs --budgets 8 --temperatures 0,0.7,1 --json $OUT/sampling.json
 # 4. bfloat16: speed and how far multi-token forwards drift from one-token greedy decoding.
 $BENCH --limit 1 --dtype bfloat16 --strategies ar,prompt-lookup,jetspec --budgets 8 --json $OUT/bf16.json
+# 8. Retrieval: suffix decoding and merged trees beside prompt lookup and the head alone, on the held-out code/math
+#    set and on MT-Bench; what a suffix-index lookup costs; default vs fitted calibration (~45 min together).
+.venv/bin/hf-jetspec bench --prompts code-math --limit 12 --max-new-tokens 128 \
+    --strategies ar,prompt-lookup,suffix,jetspec-head,jetspec --budgets 8,16 --per-category \
+    --json $OUT/retrieval_code_math.json --plots docs/figures/retrieval/code_math
+$BENCH --limit 4 --strategies ar,prompt-lookup,suffix,jetspec-head,jetspec --budgets 8,16 --per-category \
+    --json $OUT/retrieval_mt_bench.json --plots docs/figures/retrieval/mt_bench
+.venv/bin/python docs/lookup_cost.py | tee $OUT/lookup_cost.txt
+.venv/bin/python docs/calibration_ablation.py --prompts code-math --limit 6 --budget 8 \
+    --json $OUT/calibration_ablation.json
 # 5. What a target forward costs by tokens processed (the cost side of a tree step).
 .venv/bin/python docs/forward_cost.py
 .venv/bin/python docs/results_tables.py $OUT/mtbench.json $OUT/methods.json $OUT/sampling.json $OUT/bf16.json

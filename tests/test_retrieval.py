@@ -99,6 +99,11 @@ def test_push_to_hub_carries_datastore_and_calibration(tmp_path, monkeypatch):
     head.calibration = Calibration(node_cost=0.02)
     head.push_to_hub("me/head")
     assert {DATASTORE_FILE, CALIBRATION_FILE, "config.json", "model.safetensors"} <= {p.name for p in hub.iterdir()}
+    card = (hub / "README.md").read_text()  # the model card names both
+    assert "## Retrieval" in card and "6 tokens in 1 documents" in card and "node cost 0.02" in card
+    head.datastore = head.calibration = None
+    head.save_pretrained(tmp_path / "plain")
+    assert "## Retrieval" not in (tmp_path / "plain" / "README.md").read_text()
 
     def cached_file(repo, name, **kwargs):
         assert repo == "me/head"

@@ -282,7 +282,8 @@ class JetSpecHead(PreTrainedModel):
         retrieval datastore (``datastore.safetensors``) and calibration (``calibration.json``) when the head has
         them (``head.datastore``: a `CorpusIndex`; ``head.calibration``: a `Calibration`)."""
         super().save_pretrained(save_directory, *args, **kwargs)
-        model_card(self.config).save(os.path.join(save_directory, "README.md"))
+        model_card(self.config, getattr(self, "datastore", None), getattr(self, "calibration", None)).save(
+            os.path.join(save_directory, "README.md"))
         if getattr(self, "datastore", None) is not None:
             self.datastore.save(save_directory)
         if getattr(self, "calibration", None) is not None:

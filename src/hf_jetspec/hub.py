@@ -48,8 +48,7 @@ out = model.generate(**inputs, assistant_model=head, max_new_tokens=256)
 | draft vocabulary | {draft_vocab} |
 
 ## Training
-{training}
-"""
+{training}{retrieval}"""
 
 
 def _training_section(summary: dict | None) -> str:
@@ -59,8 +58,26 @@ def _training_section(summary: dict | None) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
-def model_card(config: JetSpecConfig) -> ModelCard:
-    """A model card for a head: base model, library, tags, training data and measured tau when recorded."""
+def _retrieval_section(datastore, calibration) -> str:
+    if datastore is None and calibration is None:
+        return ""
+    lines = ["", "## Retrieval", "",
+             "`jetspec_generate` merges this head's drafts with continuations retrieved from the prompt, the output so "
+             "far and the datastore below into one tree (`retrieval=False`: the head alone).", ""]
+    if datastore is not None:
+        lines.append(f"- **datastore** (`datastore.safetensors`): {datastore.num_tokens:,} tokens in "
+                     f"{datastore.num_documents:,} documents, with their suffix array")
+    if calibration is not None:
+        fitted = ", ".join(f"{kind} {count:,}" for kind, count in sorted(calibration.fitted_on.items()))
+        lines.append("- **calibration** (`calibration.json`): acceptance estimates of merged trees, "
+                     + (f"fitted on verification records ({fitted})" if fitted else "the library's defaults")
+                     + ("" if calibration.node_cost is None else f"; node cost {calibration.node_cost:g}"))
+    return "\n".join(lines) + "\n"
+
+
+def model_card(config: JetSpecConfig, datastore=None, calibration=None) -> ModelCard:
+    """A model card for a head: base model, library, tags, training data and measured tau when recorded, and its
+    retrieval datastore (a `CorpusIndex`) and calibration (a `Calibration`) when it has them."""
     summary = config.training_summary or {}
     datasets = summary.get("datasets")
     data = ModelCardData(
@@ -88,6 +105,7 @@ def model_card(config: JetSpecConfig) -> ModelCard:
         draft_vocab="the whole target vocabulary" if config.draft_vocab is None
         else f"{len(config.draft_vocab)} most frequent tokens (of {config.vocab_size})",
         training=_training_section(config.training_summary),
+        retrieval=_retrieval_section(datastore, calibration),
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
