@@ -628,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.out.write_text("".join(json.dumps(q) + "\n" for q in questions), encoding="utf-8")
         print(f"{args.out}: {len(questions)} questions, skipped {dict(skipped)}")
     elif args.command == "magpie":
-        from hf_jetspec.cli import load_target
+        from hf_jetspec.models import load_target
 
         model, tokenizer = load_target(None, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype], None)
         counts = generate_magpie_prompts(model, tokenizer, args.out, count=args.count, batch_size=args.batch_size,

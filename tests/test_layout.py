@@ -1,0 +1,45 @@
+"""The package's import direction (docs/how-it-works.md): the CLI is the top, nothing else imports it; the engine's
+building blocks (tree, acceptance, verify, suffix indexes) never import a decoding loop, the benchmark or the CLI."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = sorted(p for folder in ("src/hf_jetspec", "training", "kernels") for p in (ROOT / folder).rglob("*.py"))
+TOP = {"cli", "bench"}  # user-facing layers
+BLOCKS = {"tree", "acceptance", "verify", "suffix_index", "calibration", "cache", "attention", "tokens", "limits"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The hf_jetspec modules ``path`` imports, as their last dotted component (``hf_jetspec.cli`` -> ``cli``)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level == 0 and not module.startswith("hf_jetspec"):
+                continue
+            if module in ("", "hf_jetspec") or module.endswith("hf_jetspec"):
+                names.update(alias.name for alias in node.names)  # from . import cli
+            else:
+                names.add(module.split(".")[-1])
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".")[-1] for a in node.names if a.name.startswith("hf_jetspec."))
+    return names
+
+
+def test_sources_found():
+    assert len(SOURCES) > 30 and any(p.name == "cli.py" for p in SOURCES)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_import_direction(path):
+    imports = imported_modules(path)
+    if path.name != "cli.py":
+        assert "cli" not in imports, f"{path.relative_to(ROOT)} imports the CLI (move what it needs below it)"
+    if path.parent.name == "hf_jetspec" and path.stem in BLOCKS:
+        upward = imports & (TOP | {"decoding", "jetspec", "jacobi", "spec_jacobi", "suffix", "session", "strategies"})
+        assert not upward, f"{path.relative_to(ROOT)} (a building block) imports {sorted(upward)}"
