@@ -9,8 +9,10 @@ import random
 import pytest
 import torch
 
-from hf_jetspec.calibration import (RETRIEVAL_FEATURES, Calibration, fit, head_features, measure_node_cost,
-                                    resolve_node_cost, retrieval_features, worth_adding)
+from hf_jetspec.calibration import (RETRIEVAL_FEATURES, Calibration, CostCurve, fit, head_features,
+                                    measure_cost_curve, measure_node_cost, resolve_node_cost,
+                                    retrieval_features, worth_adding)
+from hf_jetspec.tree import merged_tree
 
 
 def test_default_head_model_is_the_heads_probability():
@@ -86,10 +88,42 @@ def test_node_cost_rule_and_resolution():
         resolve_node_cost(-1, Calibration(), None)
 
 
-def test_measure_node_cost_is_cached_per_model():
+def test_cost_curve_interpolates_and_decides_like_the_ratio_rule():
+    curve = CostCurve((1, 2, 4, 8), (2.0, 2.0, 1.9, 3.0))  # seconds; a dip below an earlier point is noise
+    assert curve.cost == (1.0, 1.0, 1.0, 1.5)
+    assert curve(1) == 1.0 and curve(3) == 1.0 and curve(6) == pytest.approx(1.25) and curve(16) == pytest.approx(2.5)
+    for nodes, expected in ((1, 1.0), (3, 1.4), (5, 2.2), (7, 2.9)):
+        threshold = expected * (curve(nodes + 1) - curve(nodes)) / curve(nodes)
+        for gain in (threshold - 1e-3, threshold + 1e-3):
+            better = (expected + gain) / curve(nodes + 1) > expected / curve(nodes)
+            assert worth_adding(gain, expected, nodes, curve) == better
+    assert worth_adding(1e-6, 3.0, 3, curve)  # free nodes (flat curve) are always worth adding
+    for bad in (((2, 4), (1.0, 1.0)), ((1, 1), (1.0, 1.0)), ((1, 2), (1.0,))):
+        with pytest.raises(ValueError, match="cost curve"):
+            CostCurve(*bad)
+
+
+def test_merged_tree_fills_free_nodes_and_stops_where_they_cost():
+    probs = torch.full((4, 16), 0.01)
+    probs[:, 3] = 0.3  # one likely token per depth, the rest unlikely
+    flat = CostCurve((1, 2, 4, 8, 16), (1.0, 1.0, 1.0, 1.0, 1.0))
+    steep = CostCurve((1, 2, 4, 8, 16), (1.0, 1.5, 2.5, 4.5, 8.5))
+    full, _ = merged_tree(3, probs, None, Calibration(), budget=12, width=4, node_cost=flat)
+    small, _ = merged_tree(3, probs, None, Calibration(), budget=12, width=4, node_cost=steep)
+    assert len(full) == 12 and 1 <= len(small) < len(full)
+
+
+def test_measure_node_cost_and_cost_curve_are_measured_once_per_model():
     from helpers import make_target
 
     model = make_target("llama", seed=0)
     kappa = measure_node_cost(model)
-    assert kappa >= 0 and measure_node_cost(model) == kappa
+    assert kappa >= 0
+    curve = measure_cost_curve(model, 8)
+    assert curve.tokens == (1, 2, 4, 8) and curve.cost[0] == 1.0 and list(curve.cost) == sorted(curve.cost)
+    assert measure_cost_curve(model, 5) is curve  # cached, covers 5
+    longer = measure_cost_curve(model, 20)
+    assert longer.tokens == (1, 2, 4, 8, 16, 32) and measure_cost_curve(model, 8) is longer
+    assert resolve_node_cost("auto", Calibration(), model, 8) is longer  # no stored cost: the measured curve
+    assert resolve_node_cost(flat := CostCurve((1,), (1.0,)), Calibration(), None) is flat
     assert head_features(0.5, 4) == [1.0, 0.0, 0.25]

@@ -9,7 +9,7 @@ from helpers import assert_same_tokens, make_target
 
 import hf_jetspec
 from hf_jetspec import bench
-from hf_jetspec.calibration import measure_node_cost
+from hf_jetspec.calibration import measure_cost_curve
 from hf_jetspec.cli import GENERATE_STRATEGIES, build_parser
 from hf_jetspec.strategies import STRATEGIES, Resources, StrategySpec, get_strategy
 
@@ -25,7 +25,7 @@ def setup():
 
 def test_every_registered_strategy_returns_plain_greedy(setup):
     target, resources = setup
-    measure_node_cost(target)  # once per model (cached): its timing forwards are not a strategy's
+    measure_cost_curve(target, 64)  # once per model (cached): its timing forwards are not a strategy's
     prompt = torch.tensor([[5, 6, 7]])
     strategies = bench.parse_strategies(",".join(STRATEGIES), [6])
     assert {s.kind for s in strategies} == set(STRATEGIES)

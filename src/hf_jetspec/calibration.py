@@ -14,9 +14,11 @@ Both are fitted (`fit`) from verification records (``jetspec_generate(..., calib
 ``hf-jetspec bench --calibration-log FILE``): for every verified node whose parent was accepted, its features and
 whether it was accepted. A `Calibration` is saved as ``calibration.json`` beside a head / datastore.
 
-The node cost ``kappa``: verifying a tree of N nodes costs about ``1 + kappa * N`` single-token target forwards;
-the merged tree stops adding nodes when the next node's expected gain no longer pays for it
-(`worth_adding`). `measure_node_cost` times it on the current device.
+The cost of verifying a tree of N nodes, in single-token target forwards: a `CostCurve` measured on the current
+device (`measure_cost_curve`: forwards of 1, 2, 4, ... tokens, interpolated), or a stored / given number ``kappa``
+(``1 + kappa * N``). The merged tree stops adding nodes when the next node's expected gain no longer pays for the
+extra cost (`worth_adding`). On a CPU or GPU a forward of a few tokens costs about what one does, so the first
+nodes are nearly free and a linear ``kappa`` would overprice them.
 """
 
 from __future__ import annotations
@@ -169,56 +171,124 @@ def fit(records: list[dict], base: Calibration | None = None, node_cost: float |
 _MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def worth_adding(gain: float, expected_tokens: float, nodes: int, node_cost: float) -> bool:
+@dataclass(frozen=True)
+class CostCurve:
+    """Measured cost of a target forward over ``tokens[i]`` new tokens relative to a one-token forward
+    (``cost[i]``; ``tokens[0] == 1``, ``cost[0] == 1``, non-decreasing); linear in between, and beyond the last
+    point with the last segment's slope."""
+
+    tokens: tuple[int, ...]
+    cost: tuple[float, ...]
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.cost) or not self.tokens or self.tokens[0] != 1 \
+                or any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
+            raise ValueError(f"a cost curve needs increasing token counts from 1, got {self.tokens}")
+        monotone, top = [], 0.0
+        for value in self.cost:  # a measured point below an earlier one is noise
+            top = max(top, float(value))
+            monotone.append(top)
+        object.__setattr__(self, "cost", tuple(c / monotone[0] for c in monotone))
+
+    def __call__(self, n: int) -> float:
+        """The relative cost of verifying ``n`` tokens."""
+        t, c = self.tokens, self.cost
+        if len(t) == 1:
+            return c[0]
+        i = max(1, min(len(t) - 1, next((k for k, size in enumerate(t) if size >= n), len(t) - 1)))
+        slope = (c[i] - c[i - 1]) / (t[i] - t[i - 1])
+        return max(c[0], c[i - 1] + slope * (n - t[i - 1]))
+
+
+def worth_adding(gain: float, expected_tokens: float, nodes: int, node_cost: "float | CostCurve") -> bool:
     """Whether a node whose path is accepted with probability ``gain`` raises the expected tokens per unit of
     verification cost of a tree that has ``nodes`` nodes and ``expected_tokens`` = 1 + the sum of their gains:
-    ``(E + g) / (1 + k (N + 1)) > E / (1 + k N)`` <=> ``g > k E / (1 + k N)``."""
+    ``(E + g) / C(N + 1) > E / C(N)`` <=> ``g > E (C(N + 1) - C(N)) / C(N)``, with ``C`` a `CostCurve` or, for a
+    number ``kappa``, ``C(N) = 1 + kappa N`` (``g > kappa E / (1 + kappa N)``)."""
+    if isinstance(node_cost, CostCurve):
+        now = node_cost(nodes)
+        return gain > expected_tokens * (node_cost(nodes + 1) - now) / now
     return gain > node_cost * expected_tokens / (1.0 + node_cost * nodes)
+
+
+def _timer(model, prefix: int):
+    """A function timing a forward of ``count`` new tokens after a cached ``prefix`` (the cache is cut back to the
+    prefix after each timing, so the prefill runs once)."""
+    from transformers import DynamicCache
+
+    from .cache import cache_kwarg, keep_positions
+
+    key = cache_kwarg(model)  # "cache" on transformers >= 5.24 ("past_key_values" warns there)
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (1, prefix + 64), generator=torch.Generator().manual_seed(0)).to(device)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=ids[:, :prefix], use_cache=True, **{key: cache})
+
+    def forward(count: int) -> float:
+        chunk = ids[:, prefix : prefix + count] if count <= 64 else \
+            torch.randint(0, vocab, (1, count), generator=torch.Generator().manual_seed(1)).to(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(input_ids=chunk, use_cache=True, **{key: cache})
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        keep_positions(cache, prefix, [])  # back to the prefix
+        return elapsed
+
+    return forward
 
 
 @torch.no_grad()
 def measure_node_cost(model, nodes: int = 16, prefix: int = 64, repeats: int = 3) -> float:
     """``kappa``: the extra cost of one more verified token relative to a one-token forward, timed on ``model``'s
-    device ((t(1 + nodes) - t(1)) / (nodes * t(1)), medians over ``repeats``, after a warm-up). Cached per model."""
-    if model in _MEASURED:
-        return _MEASURED[model]
-    from transformers import DynamicCache
-
-    from .cache import cache_kwarg
-
-    key = cache_kwarg(model)  # "cache" on transformers >= 5.24 ("past_key_values" warns there)
-    device = next(model.parameters()).device
-    vocab = model.get_output_embeddings().weight.shape[0]
-    ids = torch.randint(0, vocab, (1, prefix + 1 + nodes), generator=torch.Generator().manual_seed(0)).to(device)
-
-    def forward(count: int) -> float:
-        cache = DynamicCache(config=model.config)
-        model(input_ids=ids[:, :prefix], use_cache=True, **{key: cache})
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        model(input_ids=ids[:, prefix : prefix + count], use_cache=True, **{key: cache})
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
+    device ((t(1 + nodes) - t(1)) / (nodes * t(1)), medians over ``repeats``, after a warm-up): one number to
+    store in a calibration (``hf-jetspec calibrate --node-cost measure``)."""
+    forward = _timer(model, prefix)
     forward(1), forward(1 + nodes)
     one = sorted(forward(1) for _ in range(repeats))[repeats // 2]
     many = sorted(forward(1 + nodes) for _ in range(repeats))[repeats // 2]
-    kappa = max(0.0, (many - one) / (nodes * one))
-    _MEASURED[model] = kappa
-    return kappa
+    return max(0.0, (many - one) / (nodes * one))
 
 
-def resolve_node_cost(node_cost, calibration: Calibration, model) -> float | None:
-    """kappa for a decoding call: ``"auto"`` = the calibration's stored cost, else measured on ``model``; a number;
-    None (or 0) = no adaptive stop."""
+@torch.no_grad()
+def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: int = 3) -> CostCurve:
+    """The `CostCurve` of ``model`` on its device: forwards of 1, 2, 4, ... tokens up to the first power of two
+    >= ``max_tokens``, medians over ``repeats`` after a warm-up, interleaved. Cached per model (measured again
+    only for a larger ``max_tokens``)."""
+    cached = _MEASURED.get(model)
+    if cached is not None and cached.tokens[-1] >= max_tokens:
+        return cached
+    sizes = [1]
+    while sizes[-1] < max(1, max_tokens):
+        sizes.append(sizes[-1] * 2)
+    forward = _timer(model, prefix)
+    for size in sizes:
+        forward(size)
+    times = {size: [] for size in sizes}
+    for _ in range(repeats):
+        for size in sizes:
+            times[size].append(forward(size))
+    medians = [sorted(times[size])[repeats // 2] for size in sizes]
+    curve = CostCurve(tuple(sizes), tuple(medians))
+    _MEASURED[model] = curve
+    return curve
+
+
+def resolve_node_cost(node_cost, calibration: Calibration, model, budget: int = 32) -> "float | CostCurve | None":
+    """The cost model of a decoding call: ``"auto"`` = the calibration's stored ``kappa``, else the `CostCurve`
+    measured on ``model`` up to ``budget`` tokens; a number (``kappa``) or a `CostCurve`; None (or 0) = no
+    adaptive stop."""
     if node_cost == "auto":
-        return calibration.node_cost if calibration.node_cost is not None else measure_node_cost(model)
+        return calibration.node_cost if calibration.node_cost is not None else measure_cost_curve(model, budget)
+    if isinstance(node_cost, CostCurve):
+        return node_cost
     if node_cost is None or node_cost == 0:
         return None
     if not isinstance(node_cost, (int, float)) or node_cost < 0:
-        raise ValueError(f"node_cost must be 'auto', None or a number >= 0, got {node_cost!r}")
+        raise ValueError(f"node_cost must be 'auto', None, a CostCurve or a number >= 0, got {node_cost!r}")
     return float(node_cost)
 
 

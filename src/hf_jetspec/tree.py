@@ -217,7 +217,7 @@ def sampled_tree(shape: DraftTree, q: torch.Tensor, generator: torch.Generator |
 
 
 def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibration: Calibration, budget: int,
-                width: int = 8, max_depth: int | None = None, node_cost: float | None = None, device=None
+                width: int = 8, max_depth: int | None = None, node_cost=None, device=None
                 ) -> tuple[DraftTree, list[tuple[str, list[float]] | None]]:
     """One tree from the head's per-depth distributions and retrieval candidates, best-first by each node's
     estimated probability of being accepted (the product of calibrated edge probabilities along its path).
@@ -227,8 +227,8 @@ def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibr
     `hf_jetspec.suffix_index.Candidates` trie rooted at the anchor (None: no retrieval); a node on the trie also
     takes the trie's children. A token proposed by both is one node whose estimate sees both (the head's
     probability is a feature of the retrieval model). Stops at ``budget`` nodes (root included), at ``max_depth``,
-    or, with ``node_cost`` (kappa, `hf_jetspec.calibration.worth_adding`), at the first node whose gain does not pay
-    for its verification. Returns the tree (``scores``: log estimated path probability) and each node's
+    or, with ``node_cost`` (kappa or a `CostCurve`, `hf_jetspec.calibration.worth_adding`), at the first node
+    whose gain does not pay for its verification. Returns the tree (``scores``: log estimated path probability) and each node's
     calibration record ``(kind, features)`` (None for the root).
     """
     if budget < 1:

@@ -107,8 +107,9 @@ def jetspec_generate(
         retrieval_depth: the deepest retrieved continuation.
         calibration: the acceptance estimates of merged trees (default: ``head.calibration``, else defaults).
         node_cost: with retrieval, the tree stops growing when the next node's expected gain no longer pays for
-            verifying it: ``"auto"`` (default) = the calibration's stored cost, else measured once on this device
-            (`hf_jetspec.calibration.measure_node_cost`); a number (kappa); None = always fill ``tree_budget``.
+            verifying it: ``"auto"`` (default) = the calibration's stored cost, else the cost of forwards of 1, 2,
+            4, ... tokens measured once per model on this device (`hf_jetspec.calibration.measure_cost_curve`); a
+            number (kappa: N nodes cost 1 + kappa N forwards) or a `CostCurve`; None = always fill ``tree_budget``.
         calibration_log: a list receiving a calibration record per verified node (`hf_jetspec.calibration.fit`).
         token_streamer: a streamer receiving tokens as they are accepted (``generate()`` does not forward its own
             ``streamer=`` to ``custom_generate`` callables; the ``assistant_model`` route forwards it).
@@ -128,7 +129,7 @@ def jetspec_generate(
     drafter = resolve_drafter(model, draft_head, drafter, required=retriever is None or retrieval is None)
     build_tree = TREE_BUILDERS[tree_builder]
     calibration = calibration or getattr(draft_head, "calibration", None) or Calibration()
-    kappa = resolve_node_cost(node_cost, calibration, model) if retriever is not None else None
+    kappa = resolve_node_cost(node_cost, calibration, model, tree_budget) if retriever is not None else None
 
     def draft_tree(session: DecodingSession) -> tuple[DraftTree, torch.Tensor | None, list | None]:
         """This step's tree; for the "rrs" rule also the processed draft distributions it was drawn from; for a
