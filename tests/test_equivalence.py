@@ -12,9 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hf_jetspec import CorpusIndex, JetSpecHead, OracleDrafter
+from hf_jetspec.calibration import CostCurve
 from hf_jetspec.retrieval import DEFAULT_RETRIEVAL_DEPTH
 
 RETRIEVAL_KINDS = ("off", "context", "empty", "random", "exact")
+STEEP = CostCurve((1, 2, 4, 8, 16), (1.0, 1.0, 1.1, 1.6, 3.0))  # a device where trees beyond 4 nodes cost
 
 
 def datastore(kind: str, vocab: int, free_run: torch.Tensor, seed: int):
@@ -84,7 +86,7 @@ def sweep_case(index: int) -> dict:
         width=rng.choice([1, 3, 8]),
         seed=index,
         retrieval=rng.choice(RETRIEVAL_KINDS),
-        node_cost=rng.choice([None, 0.05, 0.3]),
+        node_cost=rng.choice([None, 0.05, 0.3, "auto", STEEP]),
     )
     if case["builder"] == "chain":  # a chain is the head's linear draft: no retrieval branches
         case["retrieval"] = "off"
@@ -122,7 +124,7 @@ def test_sweep_exercises_long_accepts():
     width=st.integers(1, 10),
     seed=st.integers(0, 10_000),
     retrieval=st.sampled_from(RETRIEVAL_KINDS),
-    node_cost=st.sampled_from([None, 0.02, 0.3]),
+    node_cost=st.sampled_from([None, 0.02, 0.3, "auto", STEEP]),
 )
 def test_property_equivalence(**case):
     if case["builder"] == "chain":
