@@ -133,10 +133,13 @@ def read_answers(root: str | Path, sources: Iterable[str] | None = None, *,
             yield from _pending_rows(directory / PENDING)
 
 
-def token_sequences(root: str | Path, sources: Iterable[str] | None = None, *,
-                    answers_only: bool = False) -> Iterator[np.ndarray]:
-    """Flat int64 token sequences (prompt + answer, or the answer alone) of a store: a retrieval corpus."""
+def token_sequences(root: str | Path, sources: Iterable[str] | None = None, *, answers_only: bool = False,
+                    exclude: frozenset[str] | set[str] = frozenset()) -> Iterator[np.ndarray]:
+    """Flat int64 token sequences (prompt + answer, or the answer alone) of a store: a retrieval corpus; rows whose
+    id is in ``exclude`` are left out."""
     for row in read_answers(root, sources):
+        if row["id"] in exclude:
+            continue
         ids = row["input_ids"][row["prompt_len"]:] if answers_only else row["input_ids"]
         yield np.asarray(ids, dtype=np.int64)
 
@@ -252,10 +255,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(build_datastore(args.root, args.datastore, args.tokenizer, answers_only=not args.with_prompts))
 
 
-def build_datastore(root: str | Path, out_dir: str | Path, tokenizer=None, *, answers_only: bool = True) -> Path:
+def build_datastore(root: str | Path, out_dir: str | Path, tokenizer=None, *, answers_only: bool = True,
+                    sources: Iterable[str] | None = None, exclude: frozenset[str] | set[str] = frozenset()) -> Path:
     """Index a store's committed answers as a retrieval datastore in ``out_dir`` (``datastore.safetensors``, with
     the tokenizer's fingerprint so that a target with another vocabulary refuses it). ``tokenizer``: a tokenizer,
-    a model folder / Hub id, or None for the embedded SmolLM2's."""
+    a model folder / Hub id, or None for the embedded SmolLM2's; ``sources`` / ``exclude``: as in
+    `token_sequences`."""
     from hf_jetspec.suffix_index import CorpusIndex, tokenizer_fingerprint
 
     if tokenizer is None:
@@ -266,8 +271,8 @@ def build_datastore(root: str | Path, out_dir: str | Path, tokenizer=None, *, an
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    index = CorpusIndex.build(token_sequences(root, answers_only=answers_only), len(tokenizer),
-                              tokenizer_fingerprint(tokenizer))
+    index = CorpusIndex.build(token_sequences(root, sources, answers_only=answers_only, exclude=exclude),
+                              len(tokenizer), tokenizer_fingerprint(tokenizer))
     return index.save(out_dir)
 
 

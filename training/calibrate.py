@@ -20,9 +20,7 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
-from .answers import read_answers, source_dirs
+from .answers import build_datastore, read_answers, source_dirs
 
 
 def user_text(tokenizer, prompt_ids: Sequence[int]) -> str | None:
@@ -40,7 +38,7 @@ def held_out_rows(root: str | Path, tokenizer, per_source: int, seed: int = 0,
     rng = random.Random(seed)
     chosen = []
     for directory in source_dirs(root, sources):
-        rows = [r for r in read_answers(root, [directory.name])]
+        rows = list(read_answers(root, [directory.name]))
         rng.shuffle(rows)
         picked = 0
         for row in rows:
@@ -58,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import argparse
 
     from hf_jetspec.models import default_model
-    from hf_jetspec.suffix_index import CorpusIndex, tokenizer_fingerprint
+    from hf_jetspec.suffix_index import CorpusIndex
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", type=Path, nargs="?", default=Path("data/answers"))
@@ -71,15 +69,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     tokenizer = default_model()[1]
     sources = args.sources.split(",") if args.sources else None
     rows = held_out_rows(args.root, tokenizer, args.per_source, args.seed, sources)
-    held = {r["id"] for r in rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    corpus = (np.asarray(r["input_ids"][r["prompt_len"]:], dtype=np.int64)
-              for r in read_answers(args.root, sources) if r["id"] not in held)
-    index = CorpusIndex.build(corpus, len(tokenizer), tokenizer_fingerprint(tokenizer))
-    index.save(args.out)
-    print(f"{len(rows)} prompts -> {args.out / 'prompts.jsonl'}; datastore of {index.tokens.size:,} "
-          f"tokens without their answers -> {args.out}")
+    path = build_datastore(args.root, args.out, tokenizer, sources=sources, exclude={r["id"] for r in rows})
+    print(f"{len(rows)} prompts -> {args.out / 'prompts.jsonl'}; datastore of {CorpusIndex.load(path).num_tokens:,} "
+          f"tokens without their answers -> {path}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ nodes are nearly free and a linear ``kappa`` would overprice them.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
@@ -195,7 +196,7 @@ class CostCurve:
         t, c = self.tokens, self.cost
         if len(t) == 1:
             return c[0]
-        i = max(1, min(len(t) - 1, next((k for k, size in enumerate(t) if size >= n), len(t) - 1)))
+        i = min(max(bisect.bisect_left(t, n), 1), len(t) - 1)  # the segment [t[i-1], t[i]] holding n
         slope = (c[i] - c[i - 1]) / (t[i] - t[i - 1])
         return max(c[0], c[i - 1] + slope * (n - t[i - 1]))
 

@@ -282,12 +282,12 @@ class JetSpecHead(PreTrainedModel):
         retrieval datastore (``datastore.safetensors``) and calibration (``calibration.json``) when the head has
         them (``head.datastore``: a `CorpusIndex`; ``head.calibration``: a `Calibration`)."""
         super().save_pretrained(save_directory, *args, **kwargs)
-        model_card(self.config, getattr(self, "datastore", None), getattr(self, "calibration", None)).save(
-            os.path.join(save_directory, "README.md"))
-        if getattr(self, "datastore", None) is not None:
-            self.datastore.save(save_directory)
-        if getattr(self, "calibration", None) is not None:
-            self.calibration.save(save_directory)
+        datastore, calibration = getattr(self, "datastore", None), getattr(self, "calibration", None)
+        model_card(self.config, datastore, calibration).save(os.path.join(save_directory, "README.md"))
+        if datastore is not None:
+            datastore.save(save_directory)
+        if calibration is not None:
+            calibration.save(save_directory)
 
     def push_to_hub(self, repo_id: str, **kwargs):
         """Upload weights, config and model card to the Hub (see `hf_jetspec.hub.push_head`)."""
