@@ -291,3 +291,36 @@ def test_bench_calibration_log_then_calibrate(model_dir, prompts_file, tmp_path,
         assert main(bad) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path):
+    """Feature noise, dropout, the acceptance loss, fixed anchors and prompt capping train and are recorded; early
+    stopping evaluates the held-out chain tau and keeps the best checkpoint."""
+    target, rows, data = _training_data(model_dir, tmp_path)
+    out_dir = tmp_path / "head"
+    args = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(out_dir),
+            "--max-steps", "6", "--batch-size", "2", "--num-anchors", "4", "--block-size", "4", "--head-layers", "1",
+            "--eval-count", "2", "--eval-decode-count", "1", "--eval-steps", "2", "--logging-steps", "1",
+            "--feature-noise", "0.1", "--dropout", "0.1", "--acceptance-loss", "0.5", "--fixed-anchors",
+            "--max-prompt-tokens", "3", "--early-stopping", "1"]
+    assert main(args) == 0
+    head = JetSpecHead.from_pretrained(out_dir)
+    summary = head.config.training_summary
+    assert summary["regularisation"] == {"feature_noise": 0.1, "dropout": 0.1, "acceptance_loss": 0.5,
+                                         "fixed_anchors": True, "early_stopping_patience": 1,
+                                         "max_prompt_tokens": 3}
+    assert head.config.dropout == 0.1
+    state = json.loads(sorted(out_dir.glob("checkpoint-*/trainer_state.json"))[-1].read_text())
+    taus = [h["eval_chain_tau"] for h in state["log_history"] if "eval_chain_tau" in h]
+    assert taus and all(t >= 1.0 for t in taus)
+    assert state["best_metric"] == max(taus)
+    with pytest.raises(ValueError, match="dropout must be in"):
+        main([*args, "--dropout", "1.5"])
+    # A head trained further records what it continued from.
+    more = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(tmp_path / "more"),
+            "--max-steps", "1", "--batch-size", "2", "--num-anchors", "4", "--eval-count", "1",
+            "--eval-decode-count", "0", "--init-head", str(out_dir)]
+    assert main(more) == 0
+    later = JetSpecHead.from_pretrained(tmp_path / "more").config.training_summary
+    assert later["steps"] == 1 and later["continued_from"] == {"head": str(out_dir), **summary}
+    assert "chain_tau_held_out" in later and "tau_held_out" not in later

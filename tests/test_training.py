@@ -343,3 +343,75 @@ def test_diagnose_cli_compares_held_out_and_training_rows(tmp_path, capsys):
     store = build_feature_store(target, rows[:3], head.config.target_layer_ids, tmp_path / "store")
     with pytest.raises(ValueError, match="lacks"):  # a store without the evaluation rows
         diagnose.main(common + ["--features", str(store)])
+
+
+# ------------------------------------------------------------------------------------- regularisation / objective
+def test_acceptance_loss_is_one_minus_the_sampling_acceptance():
+    head, embed, lm_head, ids, lengths, features, teacher_logits = loss_setup("llama", 2, 4, [12, 9], masked=True)
+    anchors = torch.tensor([[2, 7], [4, -1]])
+
+    def loss(weight, temperature=1.0):
+        return jetspec_loss(head, features, ids, lengths, anchors, lambda b, p: teacher_logits[b, p], embed, lm_head,
+                            temperature=temperature, acceptance_weight=weight)
+
+    # By hand: per supervised slot KL + lambda * (1 - sum min(p, q)), at temperature 1 for the acceptance part.
+    kl, rejected = [], []
+    for b in range(2):
+        for a in anchors[b].tolist():
+            if a < 0:
+                continue
+            logits = head.draft(HeadContext(), features[b, :a], int(ids[b, a]), embed, lm_head)
+            for k in range(1, 4):
+                if a + k < lengths[b]:
+                    p, q = torch.softmax(teacher_logits[b, a + k - 1], -1), torch.softmax(logits[k - 1], -1)
+                    rejected.append(1 - torch.minimum(p, q).sum())
+    expected = loss(0.0) + 0.5 * torch.stack(rejected).mean()
+    assert torch.allclose(loss(0.5), expected, atol=1e-5)
+    # Tempered KL, untempered acceptance: the added term is the same at T = 2.
+    assert torch.allclose(loss(0.5, 2.0) - loss(0.0, 2.0), expected - loss(0.0), atol=1e-5)
+    # It trains: the term has a gradient through the head.
+    head.zero_grad()
+    (loss(1.0) - loss(0.0)).backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+
+
+def test_dropout_acts_only_while_training():
+    target = make_target("qwen3", seed=1)
+    head = JetSpecHead.for_target(target, block_size=4, num_hidden_layers=2)
+    ids = torch.randint(3, 128, (1, 12))
+    features, _ = target_states(target, ids, None, head.config.target_layer_ids)
+    anchors = torch.tensor([[3, 7]])
+    embed = target.get_input_embeddings()
+    plain = head_block_hidden(head, features, ids, anchors, embed)
+    head.config.dropout = 0.3
+    regular = JetSpecHead(head.config)
+    regular.load_state_dict(head.state_dict())
+    regular.eval()
+    assert torch.equal(head_block_hidden(regular, features, ids, anchors, embed), plain)  # decoding: unchanged
+    regular.train()
+    assert not torch.allclose(head_block_hidden(regular, features, ids, anchors, embed), plain)
+    with pytest.raises(ValueError, match="dropout"):
+        head.config.dropout = 1.0
+        head.config.validate_head()
+
+
+def test_fixed_anchors_repeat_per_sequence_and_fresh_ones_do_not():
+    items = [{"input_ids": torch.arange(40), "prompt_len": 4, "index": i} for i in (3, 8)]
+    fixed = AnchorCollator(num_anchors=5, seed=1, fixed_anchors=True)
+    first = fixed(items)["anchors"]
+    assert torch.equal(fixed(items)["anchors"], first)  # the next epoch: the same anchors
+    assert torch.equal(fixed(items[::-1])["anchors"], first.flip(0))  # per sequence, wherever it sits in a batch
+    assert not torch.equal(first[0], first[1])
+    fresh = AnchorCollator(num_anchors=5, seed=1)
+    assert not torch.equal(fresh(items)["anchors"], fresh(items)["anchors"])
+
+
+def test_cap_prompts_keeps_answers_and_the_prompt_tail():
+    from hf_jetspec.training.features import cap_prompts
+
+    rows = [{"id": "a", "input_ids": list(range(10)), "prompt_len": 6},
+            {"id": "b", "input_ids": list(range(5)), "prompt_len": 2}]
+    capped = cap_prompts(rows, 3)
+    assert capped[0]["input_ids"] == [3, 4, 5, 6, 7, 8, 9] and capped[0]["prompt_len"] == 3
+    assert capped[1] == rows[1] and cap_prompts(rows, None) is rows
+    assert rows[0]["prompt_len"] == 6  # the caller's rows are not changed

@@ -20,7 +20,7 @@ import torch
 from hf_jetspec.drafters import HeadDrafter
 from hf_jetspec.head import JetSpecHead
 
-from .features import FeatureStore, read_rows, split_rows, target_states
+from .features import FeatureStore, cap_prompts, read_rows, split_rows, target_states
 from .loss import head_block_hidden
 
 
@@ -91,11 +91,13 @@ def main(argv=None) -> int:
     p.add_argument("--eval-count", type=int, default=8, help="the trainer's --eval-count (the held-out rows)")
     p.add_argument("--seed", type=int, default=0, help="the trainer's --seed")
     p.add_argument("--depths", type=int, default=8, help="depths to print")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="the trainer's --max-prompt-tokens")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     target, _ = load_target(args.model, "float32", None)
     head = JetSpecHead.from_pretrained(args.head).eval()
     train, held = split_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
+    train, held = cap_prompts(train, args.max_prompt_tokens), cap_prompts(held, args.max_prompt_tokens)
     store = FeatureStore(*args.features) if args.features else None
     results = {name: depth_accuracy(head, target, _sequences(rows, store))
                for name, rows in (("held_out", held), ("training", train[: args.count]))}

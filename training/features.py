@@ -72,6 +72,19 @@ def training_rows(files: list[list[dict]], eval_count: int, seed: int = 0) -> tu
     return train, [r["input_ids"][: r["prompt_len"]] for r in held]
 
 
+def cap_prompts(rows: list[dict], max_prompt_tokens: int | None) -> list[dict]:
+    """Rows with at most the last ``max_prompt_tokens`` prompt tokens (the answers whole): bounds the teacher-forced
+    pass over long histories (ShareGPT later turns, LeetCode statements), whose prompt tokens never get a loss but
+    cost as much as answer tokens. The head then sees the last part of a long prompt as its context."""
+    if not max_prompt_tokens:
+        return rows
+    out = []
+    for r in rows:
+        cut = max(0, int(r["prompt_len"]) - max_prompt_tokens)
+        out.append(r if cut == 0 else {**r, "input_ids": list(r["input_ids"][cut:]), "prompt_len": r["prompt_len"] - cut})
+    return out
+
+
 def build_feature_store(target, rows: list[dict], layer_ids: list[int], out_dir: str | Path,
                         shard_size: int = 256, batch_tokens: int = 4096) -> Path:
     """Compute and store target states for ``rows`` (``{"id", "input_ids", "prompt_len"}``) in shards of
@@ -154,3 +167,32 @@ class FeatureStore:
             "final": f.get_tensor(f"{key}.final"),
             "prompt_len": entry["prompt_len"],
         }
+
+
+def main(argv=None) -> int:
+    """Build the trainer's feature store ahead of training (the rows the trainer will train on: same ``--data``,
+    ``--eval-count``, ``--seed``), so several training runs share one teacher-forced pass."""
+    import argparse
+
+    from hf_jetspec.models import load_target
+
+    p = argparse.ArgumentParser(prog="python -m hf_jetspec.training.features",
+                                description="Teacher-forced target states for the trainer's training rows")
+    p.add_argument("--data", required=True, nargs="+", help="the trainer's --data (JSONL files / answer stores)")
+    p.add_argument("--out", required=True, help="feature store folder (resumable)")
+    p.add_argument("--layers", required=True, type=int, nargs="+", help="tapped target layers, e.g. 1 14 27")
+    p.add_argument("--eval-count", type=int, default=8, help="the trainer's --eval-count (rows left out)")
+    p.add_argument("--seed", type=int, default=0, help="the trainer's --seed")
+    p.add_argument("--max-prompt-tokens", type=int, default=None, help="keep the last N prompt tokens of each row")
+    p.add_argument("--model", default=None, help="target folder / Hub id (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--target-dtype", choices=("float32", "bfloat16"), default="float32")
+    args = p.parse_args(argv)
+    train, _ = split_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
+    target, _ = load_target(args.model, args.target_dtype, None)
+    build_feature_store(target, cap_prompts(train, args.max_prompt_tokens), args.layers, args.out)
+    print(f"{len(train)} sequences in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

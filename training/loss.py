@@ -62,6 +62,11 @@ def tempered_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits.float() / temperature, dim=-1)
 
 
+def _untempered(logprobs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Probabilities at temperature 1 from log-probabilities taken at ``temperature`` (a log-softmax of x/T)."""
+    return logprobs.exp() if temperature == 1.0 else torch.softmax(logprobs * temperature, dim=-1)
+
+
 def kl_from_logprobs(teacher: torch.Tensor, student: torch.Tensor, temperature: float) -> torch.Tensor:
     """Per-row KL(teacher || student) * T^2 from log-probabilities ``[N, V]`` -> ``[N]`` (Hinton scaling)."""
     return (teacher.exp() * (teacher - student)).sum(-1) * temperature**2
@@ -111,7 +116,7 @@ def head_block_hidden(head, features: torch.Tensor, input_ids: torch.Tensor, anc
 def jetspec_loss(head, features, input_ids, lengths, anchors, teacher_logits_fn, embed_tokens, lm_head,
                  temperature: float = 1.0, decay: float | None = None, chunk: int = 256,
                  logits_dtype: torch.dtype | None = None, sample_slots: bool = False,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, acceptance_weight: float = 0.0) -> torch.Tensor:
     """Mean weighted forward KL over supervised block slots.
 
     ``teacher_logits_fn(batch_index [N], position [N]) -> [N, V]`` gives the target's logits at the given
@@ -122,6 +127,11 @@ def jetspec_loss(head, features, input_ids, lengths, anchors, teacher_logits_fn,
     w_k / max(w) (``generator``) and weight the kept ones equally: the same objective in expectation, but the
     LM-head projection and softmax (the bulk of the cost) run only for the kept slots, so with a depth decay many
     more anchors fit the same compute.
+
+    ``acceptance_weight`` (lambda) adds lambda * (1 - sum_v min(p_v, q_v)) per slot: one minus the probability that
+    speculative sampling accepts the slot's draft (the total-variation distance DistillSpec trains on), computed at
+    temperature 1 whatever ``temperature`` is. Forward KL spreads the head's mass over the target's tail; this term
+    rewards mass exactly where the target puts it, which is what verification accepts.
     """
     block_size = head.config.block_size
     hidden = head_block_hidden(head, features, input_ids, anchors, embed_tokens)
@@ -147,5 +157,9 @@ def jetspec_loss(head, features, input_ids, lengths, anchors, teacher_logits_fn,
     for start in range(0, flat_hidden.shape[0], chunk):
         sl = slice(start, start + chunk)
         student = tempered_logprobs(project(flat_hidden[sl]), temperature)
-        total = total + (kl_from_logprobs(teacher[slot_to_key[sl]], student, temperature) * w[sl]).sum()
+        slot_loss = kl_from_logprobs(teacher[slot_to_key[sl]], student, temperature)
+        if acceptance_weight:
+            p, q = _untempered(teacher[slot_to_key[sl]], temperature), _untempered(student, temperature)
+            slot_loss = slot_loss + acceptance_weight * (1.0 - torch.minimum(p, q).sum(-1))
+        total = total + (slot_loss * w[sl]).sum()
     return total / w.sum()

@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
-from transformers import Trainer, TrainingArguments
+from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
 
 from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.head import JetSpecHead
 
 from .data import eos_token_ids
-from .features import FeatureStore, read_rows, target_states, training_rows
+from .features import FeatureStore, cap_prompts, read_rows, split_rows, target_states
 from .loss import jetspec_loss, logits_projection, sample_anchors
 from .vocab import frequent_tokens
 
@@ -40,7 +40,7 @@ class SequenceDataset(Dataset):
     def __getitem__(self, i: int) -> dict:
         row = self.rows[i]
         ids = row["input_ids"][: self.max_length] if self.max_length else row["input_ids"]
-        return {"input_ids": torch.tensor(ids), "prompt_len": row["prompt_len"]}
+        return {"input_ids": torch.tensor(ids), "prompt_len": row["prompt_len"], "index": i}
 
 
 class StoreDataset(Dataset):
@@ -55,15 +55,19 @@ class StoreDataset(Dataset):
         return len(self.indices)
 
     def __getitem__(self, i: int) -> dict:
-        return self.store[self.indices[i]]
+        return {**self.store[self.indices[i]], "index": i}
 
 
 @dataclass
 class AnchorCollator:
-    """Pads a batch (right padding) and draws ``num_anchors`` random anchors per sequence in its response part."""
+    """Pads a batch (right padding) and draws ``num_anchors`` random anchors per sequence in its response part.
+
+    Anchors are fresh every time a sequence comes round (every epoch); ``fixed_anchors`` draws each sequence's from
+    a generator seeded by its dataset index instead, so every epoch trains the same anchors (an ablation)."""
 
     num_anchors: int = 16
     seed: int | None = None
+    fixed_anchors: bool = False
 
     def __post_init__(self) -> None:
         self.generator = torch.Generator().manual_seed(self.seed) if self.seed is not None else None
@@ -77,7 +81,13 @@ class AnchorCollator:
         }
         batch["attention_mask"] = (torch.arange(width)[None] < lengths[:, None]).long()
         starts = torch.tensor([max(0, x["prompt_len"] - 1) for x in items])
-        batch["anchors"] = sample_anchors(lengths, starts, self.num_anchors, self.generator)
+        if self.fixed_anchors:
+            batch["anchors"] = torch.cat([
+                sample_anchors(lengths[i : i + 1], starts[i : i + 1], self.num_anchors,
+                               torch.Generator().manual_seed((self.seed or 0) * 1_000_003 + int(x["index"])))
+                for i, x in enumerate(items)])
+        else:
+            batch["anchors"] = sample_anchors(lengths, starts, self.num_anchors, self.generator)
         for key in ("features", "final"):
             if key in items[0]:
                 batch[key] = torch.stack([F.pad(x[key], (0, 0, 0, width - x[key].shape[0])) for x in items])
@@ -90,8 +100,12 @@ class JetSpecTrainer(Trainer):
 
     def __init__(self, *args, target, kd_temperature: float = 1.0, depth_decay: float | None = None,
                  eval_max_new_tokens: int = 64, logits_dtype: torch.dtype | None = None,
-                 sample_slots: bool = False, **kwargs) -> None:
+                 sample_slots: bool = False, feature_noise: float = 0.0, acceptance_weight: float = 0.0,
+                 eval_sequences: list[dict] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.feature_noise = feature_noise
+        self.acceptance_weight = acceptance_weight
+        self.eval_sequences = eval_sequences or []
         self.logits_dtype = logits_dtype
         self.sample_slots = sample_slots
         self.target = target.eval().requires_grad_(False)
@@ -109,6 +123,9 @@ class JetSpecTrainer(Trainer):
         else:
             features, final = target_states(self.target, inputs["input_ids"], inputs["attention_mask"],
                                             head.config.target_layer_ids)
+        if self.feature_noise and model.training:  # EAGLE: U(-a, a) on the target features the head reads
+            features = features.float() + torch.empty(features.shape, device=device).uniform_(
+                -self.feature_noise, self.feature_noise)
         lm_head = self.target.get_output_embeddings()
         project = logits_projection(lm_head, self.logits_dtype)
 
@@ -117,14 +134,27 @@ class JetSpecTrainer(Trainer):
 
         loss = jetspec_loss(head, features, inputs["input_ids"], inputs["lengths"], inputs["anchors"], teacher,
                             self.target.get_input_embeddings(), lm_head, self.kd_temperature, self.depth_decay,
-                            logits_dtype=self.logits_dtype, sample_slots=self.sample_slots)
+                            logits_dtype=self.logits_dtype, sample_slots=self.sample_slots,
+                            acceptance_weight=self.acceptance_weight)
         return (loss, {}) if return_outputs else loss
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
-        """Tau of the real greedy JetSpec loop on the held-out prompts."""
+        """Tau of the real greedy JetSpec loop on the held-out prompts (``eval_tau``) and, given held-out
+        sequences, their teacher-forced chain tau (``eval_chain_tau``: `diagnose.depth_accuracy`, deterministic and
+        cheap, what early stopping watches)."""
+        from .diagnose import depth_accuracy
+
         head = self.model.module if hasattr(self.model, "module") else self.model
         prompts = eval_dataset if eval_dataset is not None else self.eval_dataset
-        metrics = {f"{metric_key_prefix}_tau": measure_tau(self.target, head, prompts or [], self.eval_max_new_tokens)}
+        metrics = {}
+        if prompts:
+            metrics[f"{metric_key_prefix}_tau"] = measure_tau(self.target, head, prompts, self.eval_max_new_tokens)
+        if self.eval_sequences:
+            was_training = head.training
+            head.eval()
+            metrics[f"{metric_key_prefix}_chain_tau"] = depth_accuracy(head, self.target,
+                                                                       self.eval_sequences)["chain_tau"]
+            head.train(was_training)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -165,13 +195,19 @@ def _cast_copy(head: JetSpecHead, dtype: torch.dtype) -> JetSpecHead:
 def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments, *, num_anchors: int = 16,
                kd_temperature: float = 1.0, depth_decay: float | None = None, eval_prompts=None,
                eval_max_new_tokens: int = 64, seed: int = 0, logits_dtype: torch.dtype | None = None,
-               sample_slots: bool = False, resume_from_checkpoint: str | bool | None = None) -> JetSpecTrainer:
+               sample_slots: bool = False, resume_from_checkpoint: str | bool | None = None,
+               feature_noise: float = 0.0, acceptance_weight: float = 0.0, fixed_anchors: bool = False,
+               eval_sequences: list[dict] | None = None, callbacks=None) -> JetSpecTrainer:
     """Train ``head`` on ``train_dataset`` (SequenceDataset or StoreDataset); returns the finished trainer."""
     trainer = JetSpecTrainer(
         model=head,
         args=args,
         train_dataset=train_dataset,
-        data_collator=AnchorCollator(num_anchors, seed),
+        data_collator=AnchorCollator(num_anchors, seed, fixed_anchors),
+        callbacks=callbacks,
+        feature_noise=feature_noise,
+        acceptance_weight=acceptance_weight,
+        eval_sequences=eval_sequences,
         eval_dataset=eval_prompts,
         target=target,
         kd_temperature=kd_temperature,
@@ -210,6 +246,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sample-slots", action="store_true",
                    help="with --depth-decay: supervise slot k with probability w_k instead of weighting it by w_k "
                         "(same objective in expectation, far less LM-head work per anchor: use more --num-anchors)")
+    p.add_argument("--feature-noise", type=float, default=0.0,
+                   help="add U(-a, a) noise to the target features while training (EAGLE uses 0.1)")
+    p.add_argument("--dropout", type=float, default=None, help="residual dropout in the head's layers while training")
+    p.add_argument("--acceptance-loss", type=float, default=0.0,
+                   help="lambda: add lambda * (1 - sum min(p, q)) per slot (speculative sampling's rejection "
+                        "probability) to the forward KL")
+    p.add_argument("--fixed-anchors", action="store_true",
+                   help="draw each sequence's anchors once (the same every epoch) instead of fresh each epoch")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="keep the last N prompt tokens of each row (bounds the target pass over long histories)")
+    p.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
+                   help="stop after PATIENCE evaluations without a better held-out chain tau and keep the best "
+                        "checkpoint (evaluates every --eval-steps on the --eval-count held-out sequences)")
+    p.add_argument("--eval-decode-count", type=int, default=8,
+                   help="of the held-out rows, how many prompts are decoded for eval_tau (decoding is slow)")
     p.add_argument("--draft-vocab", type=int, default=None,
                    help="give the trained head a draft vocabulary: the N most frequent response tokens (plus eos)")
     p.add_argument("--epochs", type=float, default=1.0)
@@ -244,7 +295,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     files = [read_rows(path) for path in args.data]
     all_rows = [r for rows in files for r in rows]
-    train_rows, eval_prompts = training_rows(files, args.eval_count, args.seed)
+    train_rows, eval_rows = split_rows(files, args.eval_count, args.seed)
+    train_rows, eval_rows = cap_prompts(train_rows, args.max_prompt_tokens), cap_prompts(eval_rows,
+                                                                                        args.max_prompt_tokens)
+    eval_prompts = [r["input_ids"][: r["prompt_len"]] for r in eval_rows[: args.eval_decode_count]]
     not_trained = {str(r["id"]) for r in all_rows} - {str(r["id"]) for r in train_rows}  # held out or eval
     target, tokenizer = load_target(args.model, args.target_dtype, None)
     store = None
@@ -254,12 +308,19 @@ def main(argv=None) -> int:
             raise ValueError(f"feature stores not found: {missing} (only a single --features folder is built)")
         if not missing:
             store = FeatureStore(*args.features)  # e.g. recorded during data generation
+    prior = None
     if args.init_head:
         head = JetSpecHead.from_pretrained(args.init_head)
+        prior = head.config.training_summary
     else:
         torch.manual_seed(args.seed)
         taps = {"target_layer_ids": store.layer_ids} if store is not None else {"num_taps": args.taps}
         head = JetSpecHead.for_target(target, num_hidden_layers=args.head_layers, block_size=args.block_size, **taps)
+    if args.dropout is not None:
+        head.config.dropout = args.dropout
+        head.config.validate_head()
+        for layer in head.layers:
+            layer.dropout = args.dropout
     if args.features and store is None:
         from .features import build_feature_store
 
@@ -283,8 +344,10 @@ def main(argv=None) -> int:
         logging_steps=args.logging_steps,
         eval_strategy="steps" if args.eval_count else "no",
         eval_steps=args.eval_steps,
-        save_steps=args.save_steps,
+        save_steps=args.eval_steps if args.early_stopping else args.save_steps,  # best-checkpoint tracking
         save_total_limit=2,
+        **({"load_best_model_at_end": True, "metric_for_best_model": "chain_tau", "greater_is_better": True}
+           if args.early_stopping else {}),
         bf16=args.bf16,
         use_cpu=not torch.cuda.is_available(),  # also makes --bf16 mean CPU autocast on machines without CUDA
         remove_unused_columns=False,
@@ -297,13 +360,21 @@ def main(argv=None) -> int:
                          eval_prompts=eval_prompts,
                          logits_dtype=getattr(torch, args.logits_dtype) if args.logits_dtype else None,
                          sample_slots=args.sample_slots,
+                         feature_noise=args.feature_noise, acceptance_weight=args.acceptance_loss,
+                         fixed_anchors=args.fixed_anchors, eval_sequences=eval_rows,
+                         callbacks=[EarlyStoppingCallback(args.early_stopping)] if args.early_stopping else None,
                          resume_from_checkpoint=True if args.resume_from_checkpoint == "last"
                          else args.resume_from_checkpoint)
     if args.draft_vocab:
         head.config.draft_vocab = frequent_tokens(train_rows, args.draft_vocab, eos_token_ids(target, tokenizer),
                                                   head.config.vocab_size)
         head.config.validate_head()
-    tau = measure_tau(target, head, eval_prompts, 128)
+    tau = measure_tau(target, head, eval_prompts, 128) if eval_prompts else None
+    chain = trainer.evaluate()["eval_chain_tau"] if eval_rows else None
+    regularisation = {name: value for name, value in (
+        ("feature_noise", args.feature_noise), ("dropout", args.dropout), ("acceptance_loss", args.acceptance_loss),
+        ("fixed_anchors", args.fixed_anchors), ("early_stopping_patience", args.early_stopping),
+        ("max_prompt_tokens", args.max_prompt_tokens)) if value}
     head.config.base_model = args.base_model or (SMOLLM2_HUB_ID if args.model is None else args.model)
     head.config.training_summary = {
         "datasets": [args.dataset_name],
@@ -316,11 +387,16 @@ def main(argv=None) -> int:
         "loss": "forward KL(target || head), uniform depth weights" if args.depth_decay is None
         else f"forward KL(target || head), depth decay {args.depth_decay}"
         + (" (slots sampled with probability w_k)" if args.sample_slots else ""),
-        "tau_held_out": round(tau, 3),
+        **({"tau_held_out": round(tau, 3)} if tau is not None else {}),
+        **({"chain_tau_held_out": round(chain, 3)} if chain is not None else {}),
+        **({"regularisation": regularisation} if regularisation else {}),
         **({"draft_vocab": f"{len(head.config.draft_vocab)} most frequent response tokens"}
            if args.draft_vocab else {}),
+        **({"continued_from": {"head": str(args.init_head), **prior}} if prior else {}),
     }
     trainer.save_model(args.output_dir)
+    (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     (Path(args.output_dir) / "train_summary.json").write_text(json.dumps(head.config.training_summary, indent=2))
-    print(f"held-out tau {tau:.3f}; saved to {args.output_dir}")
-    return 0 if math.isfinite(tau) else 1
+    shown = {"held-out tau": tau, "held-out chain tau": chain}
+    print("; ".join(f"{k} {v:.3f}" for k, v in shown.items() if v is not None) + f"; saved to {args.output_dir}")
+    return 0 if tau is None or math.isfinite(tau) else 1

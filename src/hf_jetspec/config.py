@@ -50,6 +50,8 @@ class JetSpecConfig(PretrainedConfig):
     max_position_embeddings: int = 32768
     attention_bias: bool = False
     initializer_range: float = 0.02
+    # Residual dropout in the head's layers while training (a regulariser; decoding runs in eval mode, unaffected).
+    dropout: float = 0.0
     # Decoding defaults (overridable per call): tree nodes verified per step (root included) and width per depth.
     tree_budget: int = 32
     tree_width: int = 8
@@ -102,6 +104,8 @@ class JetSpecConfig(PretrainedConfig):
             if len(ids) < MIN_DRAFT_VOCAB or outside or len(set(ids)) != len(ids):
                 problems.append(f"draft_vocab must hold >= {MIN_DRAFT_VOCAB} distinct token ids in [0, "
                                 f"{self.vocab_size}), got {len(ids)} ids")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout must be in [0, 1), got {self.dropout}")
         if self.head_dim % 2:
             problems.append(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if problems:

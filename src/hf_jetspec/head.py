@@ -122,10 +122,12 @@ class JetSpecLayer(nn.Module):
         self.self_attn = JetSpecAttention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = JetSpecMLP(config)
+        self.dropout = getattr(config, "dropout", 0.0)
 
     def forward(self, x, context_kv, cos, sin, mask) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context_kv, cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), context_kv, cos, sin, mask)
+        x = x + F.dropout(attn, self.dropout, self.training)
+        return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), self.dropout, self.training)
 
 
 @dataclass
