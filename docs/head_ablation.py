@@ -2,7 +2,7 @@
 
 For every head (``name=folder``; ``shipped`` = the default head), in one process:
 
-* ``held-out chain tau``: `training.diagnose.depth_accuracy` on the trainer's evaluation rows (``--data``,
+* ``held-out chain tau``: `training.diagnose.depth_accuracy` (an anchor every ``--anchor-stride`` positions) on the trainer's evaluation rows (``--data``,
   ``--eval-count``, ``--seed`` as given to the trainer; never trained on by any head here);
 * ``trained chain tau``: the same on the first ``--train-count`` rows of a feature store the runs trained on;
 * ``open chain tau``: the same on ShareGPT openings the shipped head was trained on (``--open`` rows);
@@ -24,7 +24,7 @@ import torch
 from hf_jetspec.head import JetSpecHead
 from hf_jetspec.models import default_head, load_target
 from hf_jetspec.prompts import encode_prompt, limit_per_category, load_prompts
-from hf_jetspec.training.diagnose import depth_accuracy
+from hf_jetspec.training.diagnose import depth_accuracy, with_target_states
 from hf_jetspec.training.features import FeatureStore, cap_prompts, read_rows, split_rows
 from hf_jetspec.training.trainer import measure_tau
 
@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--mt-bench", type=int, default=2, help="MT-Bench first turns per category")
     p.add_argument("--budgets", type=int, nargs="+", default=[4, 8])
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--anchor-stride", type=int, default=4, help="anchor at every n-th response position")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.manual_seed(0)
@@ -59,13 +60,16 @@ def main() -> None:
         sets["trained"] = [store[i] for i in range(min(args.train_count, len(store)))]
     if args.open:
         sets["open"] = cap_prompts(list(read_rows(args.open))[: args.open_count], args.max_prompt_tokens)
+    layers = next(iter(heads.values())).config.target_layer_ids
+    sets = {kind: rows if kind == "trained" else with_target_states(target16, rows, layers)  # once for all heads
+            for kind, rows in sets.items()}
     prompts = [encode_prompt(tokenizer, q.text)[0].tolist()
                for q in limit_per_category(load_prompts("mt-bench"), args.mt_bench)]
     results = {}
     for name, head in heads.items():
         head16 = JetSpecHead(head.config).to(torch.bfloat16).eval()
         head16.load_state_dict(head.state_dict())
-        row = {f"{kind}_chain_tau": depth_accuracy(head16, target16, rows)["chain_tau"] for kind, rows in sets.items()}
+        row = {f"{kind}_chain_tau": depth_accuracy(head16, target16, rows, args.anchor_stride)["chain_tau"] for kind, rows in sets.items()}
         for budget in args.budgets:
             row[f"mt_bench_tau@{budget}"] = measure_tau(target, head, prompts, args.max_new_tokens, budget)
         if "trained_chain_tau" in row:

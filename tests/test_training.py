@@ -415,3 +415,15 @@ def test_cap_prompts_keeps_answers_and_the_prompt_tail():
     assert capped[0]["input_ids"] == [3, 4, 5, 6, 7, 8, 9] and capped[0]["prompt_len"] == 3
     assert capped[1] == rows[1] and cap_prompts(rows, None) is rows
     assert rows[0]["prompt_len"] == 6  # the caller's rows are not changed
+
+
+def test_depth_accuracy_with_stored_states_and_anchor_stride():
+    target = make_target("llama", seed=3)
+    rows = self_generated_rows(target, count=3, new=20, seed=5)
+    head = JetSpecHead.for_target(target, block_size=4, num_hidden_layers=1)
+    online = diagnose.depth_accuracy(head, target, rows)
+    stored = diagnose.with_target_states(target, rows, head.config.target_layer_ids)
+    assert stored[0]["features"].dtype == torch.bfloat16 and "features" not in rows[0]
+    assert diagnose.depth_accuracy(head, target, stored)["anchors"] == online["anchors"] == 3 * 20
+    strided = diagnose.depth_accuracy(head, target, stored, anchor_stride=3)
+    assert strided["anchors"] == 3 * 7  # positions 4, 7, ..., 22 of each response

@@ -34,10 +34,11 @@ def acceptance_profile(predicted: torch.Tensor, truth: torch.Tensor, valid: torc
 
 
 @torch.no_grad()
-def depth_accuracy(head: JetSpecHead, target, sequences: list[dict]) -> dict:
+def depth_accuracy(head: JetSpecHead, target, sequences: list[dict], anchor_stride: int = 1) -> dict:
     """Teacher-forced acceptance of ``head`` over ``sequences``: dicts with ``input_ids [T]``, ``prompt_len`` and
-    optionally the target's ``features [T, F]`` and ``final [T, H]`` (e.g. `FeatureStore` items; else computed).
-    Every response position is an anchor. Returns ``{"anchors", "top1": [B-1], "chain": [B-1], "chain_tau"}``."""
+    optionally the target's ``features [T, F]`` and ``final [T, H]`` (e.g. `FeatureStore` items, or
+    `with_target_states`; else computed). Every ``anchor_stride``-th response position is an anchor (1: all).
+    Returns ``{"anchors", "top1": [B-1], "chain": [B-1], "chain_tau"}``."""
     drafter = HeadDrafter(head, target)
     target_lm_head = target.get_output_embeddings()
     device = next(target.parameters()).device
@@ -53,7 +54,7 @@ def depth_accuracy(head: JetSpecHead, target, sequences: list[dict]) -> dict:
         else:
             features, final = target_states(target, ids, None, head.config.target_layer_ids)
         greedy = target_lm_head(final[0].to(target_lm_head.weight.dtype)).argmax(-1)  # [T]: choice after t
-        anchors = torch.arange(start, length - 1, device=device)[None]
+        anchors = torch.arange(start, length - 1, anchor_stride, device=device)[None]
         hidden = head_block_hidden(head, features, ids, anchors, drafter.embed)[0]  # [m, B, H]
         predicted = torch.cat([drafter.lm_head(part.to(drafter.lm_head.weight.dtype)).argmax(-1)  # [m, B]
                                for part in hidden.split(32)])  # bounds the [m, B, V] logits
@@ -65,6 +66,20 @@ def depth_accuracy(head: JetSpecHead, target, sequences: list[dict]) -> dict:
     top1 = (hits / counts.clamp(min=1)).tolist()
     chain = (chains / counts.clamp(min=1)).tolist()
     return {"anchors": int(counts[0]), "top1": top1, "chain": chain, "chain_tau": 1.0 + sum(chain)}
+
+
+@torch.no_grad()
+def with_target_states(target, rows: list[dict], layer_ids: list[int]) -> list[dict]:
+    """``rows`` with the target's ``features`` and ``final`` states added (bfloat16, on the CPU): computed once, for
+    evaluating several heads (or one head many times) on the same sequences."""
+    device = next(target.parameters()).device
+    out = []
+    for row in rows:
+        ids = torch.as_tensor(row["input_ids"], device=device).long()[None]
+        features, final = target_states(target, ids, None, layer_ids)
+        out.append({**row, "features": features[0].to("cpu", torch.bfloat16),
+                    "final": final[0].to("cpu", torch.bfloat16)})
+    return out
 
 
 def _sequences(rows: list[dict], store: FeatureStore | None) -> list[dict]:
@@ -92,6 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the trainer's --seed")
     p.add_argument("--depths", type=int, default=8, help="depths to print")
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="the trainer's --max-prompt-tokens")
+    p.add_argument("--anchor-stride", type=int, default=1, help="anchor at every n-th response position (1: all)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
     target, _ = load_target(args.model, "float32", None)
@@ -99,7 +115,7 @@ def main(argv=None) -> int:
     train, held = split_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
     train, held = cap_prompts(train, args.max_prompt_tokens), cap_prompts(held, args.max_prompt_tokens)
     store = FeatureStore(*args.features) if args.features else None
-    results = {name: depth_accuracy(head, target, _sequences(rows, store))
+    results = {name: depth_accuracy(head, target, _sequences(rows, store), args.anchor_stride)
                for name, rows in (("held_out", held), ("training", train[: args.count]))}
     shown = min(args.depths, head.config.block_size - 1)
     print(f"{'':22}" + "".join(f"{'d' + str(k + 1):>7}" for k in range(shown)) + f"{'chain tau':>11}")

@@ -101,8 +101,9 @@ class JetSpecTrainer(Trainer):
     def __init__(self, *args, target, kd_temperature: float = 1.0, depth_decay: float | None = None,
                  eval_max_new_tokens: int = 64, logits_dtype: torch.dtype | None = None,
                  sample_slots: bool = False, feature_noise: float = 0.0, acceptance_weight: float = 0.0,
-                 eval_sequences: list[dict] | None = None, **kwargs) -> None:
+                 eval_sequences: list[dict] | None = None, eval_anchor_stride: int = 4, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.eval_anchor_stride = eval_anchor_stride
         self.feature_noise = feature_noise
         self.acceptance_weight = acceptance_weight
         self.eval_sequences = eval_sequences or []
@@ -140,9 +141,10 @@ class JetSpecTrainer(Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """Tau of the real greedy JetSpec loop on the held-out prompts (``eval_tau``) and, given held-out
-        sequences, their teacher-forced chain tau (``eval_chain_tau``: `diagnose.depth_accuracy`, deterministic and
-        cheap, what early stopping watches)."""
-        from .diagnose import depth_accuracy
+        sequences, their teacher-forced chain tau (``eval_chain_tau``: `diagnose.depth_accuracy` with an anchor at
+        every ``eval_anchor_stride``-th position, the target's states computed once; deterministic and cheap, what
+        early stopping watches)."""
+        from .diagnose import depth_accuracy, with_target_states
 
         head = self.model.module if hasattr(self.model, "module") else self.model
         prompts = eval_dataset if eval_dataset is not None else self.eval_dataset
@@ -150,10 +152,13 @@ class JetSpecTrainer(Trainer):
         if prompts:
             metrics[f"{metric_key_prefix}_tau"] = measure_tau(self.target, head, prompts, self.eval_max_new_tokens)
         if self.eval_sequences:
+            if "features" not in self.eval_sequences[0]:  # the target's states: computed once, kept
+                self.eval_sequences = with_target_states(self.target, self.eval_sequences,
+                                                         head.config.target_layer_ids)
             was_training = head.training
             head.eval()
-            metrics[f"{metric_key_prefix}_chain_tau"] = depth_accuracy(head, self.target,
-                                                                       self.eval_sequences)["chain_tau"]
+            metrics[f"{metric_key_prefix}_chain_tau"] = depth_accuracy(
+                head, self.target, self.eval_sequences, self.eval_anchor_stride)["chain_tau"]
             head.train(was_training)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
