@@ -1,4 +1,5 @@
-"""Plot a training run's loss and held-out tau from Trainer checkpoints' ``trainer_state.json`` files.
+"""Plot a training run's loss and held-out tau from Trainer checkpoints' ``trainer_state.json`` files or the
+``log_history.json`` a finished run writes (decoding ``eval_tau`` and teacher-forced ``eval_chain_tau``).
 
     python docs/plot_training.py runs/head/checkpoint-N/trainer_state.json [runs/next/...json@N ...] \
         docs/figures/training.png [STEP:LABEL ...]
@@ -18,26 +19,35 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot(state_paths: list[str], out_path: str, marks: list[tuple[int, str]] = ()) -> None:
-    loss, tau = [], []
+def plot(state_paths: list[str], out_path: str, marks: list[tuple[int, str]] = (),
+         title: str = "JetSpec head for SmolLM2-135M-Instruct (CPU, 2 cores)") -> None:
+    loss, tau, chain = [], [], []
     for spec in state_paths:
         path, _, offset = spec.partition("@")
-        history = json.load(open(path))["log_history"]
+        history = json.load(open(path))
+        history = history["log_history"] if isinstance(history, dict) else history
         loss += [(int(offset or 0) + h["step"], h["loss"]) for h in history if "loss" in h]
         tau += [(int(offset or 0) + h["step"], h["eval_tau"]) for h in history if "eval_tau" in h]
+        chain += [(int(offset or 0) + h["step"], h["eval_chain_tau"]) for h in history if "eval_chain_tau" in h]
+    # A run with early stopping evaluates its best checkpoint once more at the last step: keep the first per step.
+    tau, chain = list(dict(reversed(tau)).items())[::-1], list(dict(reversed(chain)).items())[::-1]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(*zip(*loss), color="tab:blue")
     ax.set_xlabel("step")
     ax.set_ylabel("forward KL (train)", color="tab:blue")
-    if tau:
+    if tau or chain:
         right = ax.twinx()
-        right.plot(*zip(*tau), "o-", color="tab:red")
+        if tau:
+            right.plot(*zip(*tau), "o-", color="tab:red", label="decoding tau")
+        if chain:
+            right.plot(*zip(*chain), "s--", color="tab:green", label="chain tau (teacher forced)")
         right.set_ylabel("held-out tau", color="tab:red")
+        right.legend(loc="center right", fontsize=8)
     for step, label in marks:
         ax.axvline(step, color="gray", linestyle="--", linewidth=1)
         ax.annotate(label, (step, 0), xycoords=("data", "axes fraction"), xytext=(3, 6),
                     textcoords="offset points", fontsize=8, color="gray")
-    ax.set_title("JetSpec head for SmolLM2-135M-Instruct (CPU, 2 cores)")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
 
