@@ -246,6 +246,40 @@ def test_train_command_reads_several_feature_stores(model_dir, tmp_path):
         main(args + [str(tmp_path / "a"), str(tmp_path / "missing")])
 
 
+def test_feature_stores_read_each_sequence_once_and_build_skips_stored_rows(model_dir, tmp_path):
+    """A sequence stored twice (two stores, or a generator restarted mid-batch) is read once, from the first store;
+    `python -m hf_jetspec.training.features --skip-stored` builds states only for rows no given store holds."""
+    import torch
+
+    from hf_jetspec.config import default_target_layer_ids
+    from hf_jetspec.training.features import FeatureStore, build_feature_store
+    from hf_jetspec.training.features import main as features_main
+
+    target, rows, data = _training_data(model_dir, tmp_path)
+    taps = default_target_layer_ids(target.config.num_hidden_layers, 3)
+    build_feature_store(target, rows[:5], taps, tmp_path / "a", shard_size=2)
+    changed = [{**r, "input_ids": r["input_ids"][:-1]} for r in rows[3:6]]  # ids row3-row5, other contents
+    build_feature_store(target, changed, taps, tmp_path / "b")
+    store = FeatureStore(tmp_path / "a", tmp_path / "b")
+    assert len(store) == 6 and store.duplicates == 2
+    assert store.ids == {f"row{i}" for i in range(6)}
+    lengths = sorted(len(store[i]["input_ids"]) for i in range(6))
+    assert lengths == sorted([len(r["input_ids"]) for r in rows[:5]] + [len(rows[5]["input_ids"]) - 1])
+    assert len(FeatureStore(tmp_path / "b", tmp_path / "a")) == 6  # either order: each id once
+
+    assert features_main(["--data", str(data), "--out", str(tmp_path / "rest"), "--layers", *map(str, taps),
+                          "--eval-count", "0", "--model", str(model_dir / "model"),
+                          "--skip-stored", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    rest = FeatureStore(tmp_path / "rest")
+    assert rest.ids == {"row6", "row7"}
+    item = next(rest[i] for i in range(2) if rest[i]["input_ids"].tolist() == rows[6]["input_ids"])
+    assert item["prompt_len"] == 4
+    assert item["features"].shape == (len(rows[6]["input_ids"]), len(taps) * target.config.hidden_size)
+    assert torch.isfinite(item["features"].float()).all()
+    both = FeatureStore(tmp_path / "a", tmp_path / "b", tmp_path / "rest")
+    assert len(both) == 8 and both.duplicates == 2
+
+
 def test_bench_calibration_log_then_calibrate(model_dir, prompts_file, tmp_path, capsys):
     """bench --calibration-log records the merged trees' verified nodes; calibrate fits them into calibration.json
     (which a head folder then carries); bad logs and node costs are one-line errors."""

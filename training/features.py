@@ -134,7 +134,9 @@ def _store_batch(target, rows, layer_ids, tensors: dict, index: list) -> None:
 class FeatureStore:
     """Read-only view of one or more stores written by `build_feature_store` (or the data generator's
     ``--states-dir``): ``len()`` sequences, ``store[i]`` a dict with input_ids ``[T]``, features ``[T, F]``, final
-    ``[T, H]`` (bfloat16, memory-mapped), prompt_len. Several directories must share their tapped layers."""
+    ``[T, H]`` (bfloat16, memory-mapped), prompt_len. Several directories must share their tapped layers. A sequence
+    id stored more than once (in two stores, or twice by a data generator restarted mid-batch) is read once, from
+    the first directory / shard that holds it; ``duplicates`` counts the copies left out."""
 
     def __init__(self, *directories: str | Path) -> None:
         if not directories:
@@ -142,6 +144,8 @@ class FeatureStore:
         self.directories = [Path(d) for d in directories]
         self.layer_ids = None
         self.items: list[tuple[Path, dict]] = []
+        self.duplicates = 0
+        seen: set[str] = set()
         for directory in self.directories:
             layer_ids = json.loads((directory / "meta.json").read_text())["layer_ids"]
             if self.layer_ids is not None and layer_ids != self.layer_ids:
@@ -150,11 +154,21 @@ class FeatureStore:
             self.layer_ids = layer_ids
             for path in sorted(directory.glob("shard_*.safetensors")):
                 with safe_open(str(path), framework="pt") as f:
-                    self.items += [(path, entry) for entry in json.loads(f.metadata()["index"])]
+                    for entry in json.loads(f.metadata()["index"]):
+                        if str(entry["id"]) in seen:
+                            self.duplicates += 1
+                            continue
+                        seen.add(str(entry["id"]))
+                        self.items.append((path, entry))
         self._open: dict[Path, object] = {}
 
     def __len__(self) -> int:
         return len(self.items)
+
+    @property
+    def ids(self) -> set[str]:
+        """The ids of the stored sequences."""
+        return {str(entry["id"]) for _, entry in self.items}
 
     def __getitem__(self, i: int) -> dict:
         path, entry = self.items[i]
@@ -186,8 +200,14 @@ def main(argv=None) -> int:
     p.add_argument("--max-prompt-tokens", type=int, default=None, help="keep the last N prompt tokens of each row")
     p.add_argument("--model", default=None, help="target folder / Hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--target-dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--skip-stored", nargs="+", default=[], metavar="STORE",
+                   help="leave out rows whose states these feature stores already hold (e.g. recorded by the data "
+                        "generator's --states-dir), so the trainer's --features can list them all")
     args = p.parse_args(argv)
     train, _ = split_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
+    if args.skip_stored:
+        stored = FeatureStore(*args.skip_stored).ids
+        train = [r for r in train if str(r["id"]) not in stored]
     target, _ = load_target(args.model, args.target_dtype, None)
     build_feature_store(target, cap_prompts(train, args.max_prompt_tokens), args.layers, args.out)
     print(f"{len(train)} sequences in {args.out}")
