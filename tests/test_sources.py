@@ -304,13 +304,54 @@ def test_store_resumes_and_reads_back(tmp_path):
     assert len(answers.chunk_paths(tmp_path / "src")) == 3 and reopened.pending == []
     rows = list(answers.read_answers(tmp_path))
     assert rows == _rows("a", 9)
-    assert read_rows(tmp_path) == rows == read_rows(tmp_path / "src")
+    # the second chunk was appended to a source holding one: evaluation draws from the first 4 rows only
+    assert json.loads((tmp_path / "src" / answers.META).read_text())[answers.EVAL_POOL] == 4
+    marked = [r if i < 4 else {**r, "eval_candidate": False} for i, r in enumerate(rows)]
+    assert read_rows(tmp_path) == marked == read_rows(tmp_path / "src")
     sequences = list(answers.token_sequences(tmp_path, answers_only=True))
     assert [s.tolist() for s in sequences] == [r["input_ids"][2:] for r in rows]
     summary = answers.store_summary(tmp_path)["src"]
     assert summary["rows"] == 9 and summary["chunks"] == 3 and summary["eos"] == 5
     with pytest.raises(ValueError, match="other settings"):
         answers.AnswerStore(tmp_path, "src", settings=settings | {"dtype": "fp32"})
+
+
+def test_appending_answers_keeps_the_evaluation_split(tmp_path):
+    """The trainer draws evaluation rows from a shuffle of its first data source: answers appended to that source
+    later (a generator run in the next session) must not reshuffle it, or rows a head trained on would become its
+    evaluation rows. Splits made before and after an append agree, and every appended row is trained on."""
+    from hf_jetspec.training.features import split_rows
+
+    def _rows(prefix, n):  # ids the benchmark's held-out filter keeps
+        names = [f"{prefix}{i}" for i in range(10 * n) if not sources.is_held_out(f"{prefix}{i}")][:n]
+        return [{"id": name, "input_ids": [1, i, i], "prompt_len": 2, "finish": "eos"} for i, name in enumerate(names)]
+
+    settings = {"model": "m", "dtype": "bf16", "max_new_tokens": 4, "temperature": 0.0}
+    store = answers.AnswerStore(tmp_path, "src", settings=settings, chunk_rows=10)
+    store.add(_rows("a", 30))  # three chunks in one session: the pool is pinned before the second
+    assert answers.eval_pool(tmp_path / "src") == 10
+    meta = tmp_path / "src" / answers.META
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != answers.EVAL_POOL}))
+    assert answers.eval_pool(tmp_path / "src") is None  # a store from before pinning: every row is a candidate
+    for seed in range(5):
+        for first in ([tmp_path / "src"], [tmp_path]):
+            before_train, before_eval = split_rows([read_rows(p) for p in first], 6, seed)
+            assert len(before_eval) == 6 and len(before_train) == 24
+        reopened = answers.AnswerStore(tmp_path, "src", settings=settings, chunk_rows=10)
+        reopened.add(_rows(f"b{seed}-", 20))  # pins the pool at the rows held now
+        for first in ([tmp_path / "src"], [tmp_path]):
+            train, evaluation = split_rows([read_rows(p) for p in first], 6, seed)
+            assert [r["id"] for r in evaluation] == [r["id"] for r in before_eval]
+            assert {r["id"] for r in train} == {r["id"] for r in before_train} | {r["id"] for r in _rows(f"b{seed}-", 20)}
+        assert answers.eval_pool(tmp_path / "src") == 30
+        for path in answers.chunk_paths(tmp_path / "src")[3:]:
+            path.unlink()
+    # without the pin the appended rows would have reshuffled the evaluation set
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if k != answers.EVAL_POOL}))
+    answers.AnswerStore(tmp_path, "src", chunk_rows=10)  # reopening alone pins nothing
+    answers.write_chunk(tmp_path / "src" / "chunk-00003.safetensors", _rows("c", 10), "src")  # not via the store
+    assert [r["id"] for r in split_rows([read_rows(tmp_path / "src")], 6, 0)[1]] != \
+        [r["id"] for r in split_rows([list(answers.read_answers(tmp_path))[:30]], 6, 0)[1]]
 
 
 def test_store_summary_table_and_flush(tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 Layout (one folder per prompt source)::
 
-    data/answers/<source>/meta.json                  generation settings (model, dtype, max new tokens, ...)
+    data/answers/<source>/meta.json                  generation settings (model, dtype, max new tokens, ...) and
+                                                     ``eval_pool``: how many leading rows evaluation draws from
     data/answers/<source>/chunk-00000.safetensors    rows, written once, atomically (temp file + rename)
     data/answers/<source>/pending.jsonl              rows not yet in a chunk (not committed; a restart resumes it)
 
@@ -13,6 +14,11 @@ About 2 bytes per token plus ~25 per row.
 
 `read_answers` gives rows in the trainer's / feature store's format ``{"id", "input_ids", "prompt_len",
 "finish"}``; `token_sequences` gives flat token arrays (a retrieval datastore's corpus).
+
+Appending keeps evaluation splits: the trainer draws its evaluation rows from a seeded shuffle of its first data
+source, so new chunks in that source would reshuffle it and could move rows a head was trained on into evaluation.
+Before a chunk is added to a source that already holds chunks, its ``eval_pool`` is pinned to the rows it holds
+(once); rows past the pool are read with ``"eval_candidate": False`` and `features.split_rows` only trains on them.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ FINISH = ("eos", "length")
 CHUNK_PATTERN = re.compile(r"^chunk-(\d{5,})\.safetensors$")
 PENDING = "pending.jsonl"
 META = "meta.json"
+EVAL_POOL = "eval_pool"
 
 
 class TornChunkError(ValueError):
@@ -118,19 +125,37 @@ def _pending_rows(path: Path) -> list[dict]:
     return rows
 
 
+def eval_pool(directory: str | Path) -> int | None:
+    """The number of leading rows of a source folder that evaluation may draw from (None: all of them)."""
+    meta = Path(directory) / META
+    pool = json.loads(meta.read_text()).get(EVAL_POOL) if meta.exists() else None
+    return None if pool is None else int(pool)
+
+
 def read_answers(root: str | Path, sources: Iterable[str] | None = None, *,
-                 include_pending: bool = False) -> Iterator[dict]:
+                 include_pending: bool = False, mark_eval_pool: bool = False) -> Iterator[dict]:
     """Rows ``{"id", "input_ids", "prompt_len", "finish"}`` of a store (all sources, or the named ones), chunk by
     chunk. A torn chunk is skipped with a warning (the generator regenerates its rows). ``include_pending``: also
-    the rows not yet in a chunk (uncommitted)."""
+    the rows not yet in a chunk (uncommitted). ``mark_eval_pool``: rows past a source's pinned ``eval_pool``
+    (appended after the pin) carry ``"eval_candidate": False`` (the trainer's reader, `features.read_rows`)."""
     for directory in source_dirs(root, sources):
+        pool = eval_pool(directory) if mark_eval_pool else None
+        index = 0
+
+        def mark(rows: list[dict]) -> list[dict]:
+            nonlocal index
+            if pool is not None:
+                rows = [r if index + i < pool else {**r, "eval_candidate": False} for i, r in enumerate(rows)]
+            index += len(rows)
+            return rows
+
         for path in chunk_paths(directory):
             try:
-                yield from read_chunk(path)[1]
+                yield from mark(read_chunk(path)[1])
             except TornChunkError as err:
                 warnings.warn(f"skipping {err}", stacklevel=2)
         if include_pending:
-            yield from _pending_rows(directory / PENDING)
+            yield from mark(_pending_rows(directory / PENDING))
 
 
 def token_sequences(root: str | Path, sources: Iterable[str] | None = None, *, answers_only: bool = False,
@@ -181,10 +206,13 @@ class AnswerStore:
             stale.unlink()
         self.done: set[str] = set()
         self.next_number = 0
+        self.stored_rows = 0  # rows in the chunks
         for path in chunk_paths(self.directory):
             self.next_number = int(CHUNK_PATTERN.match(path.name)[1]) + 1
             try:
-                self.done.update(r["id"] for r in read_chunk(path)[1])
+                rows = read_chunk(path)[1]
+                self.done.update(r["id"] for r in rows)
+                self.stored_rows += len(rows)
             except TornChunkError as err:
                 warnings.warn(f"moving aside {err}", stacklevel=2)
                 os.replace(path, path.with_name(path.name + ".torn"))
@@ -216,9 +244,22 @@ class AnswerStore:
         if self.pending:
             self._write(len(self.pending))
 
+    def _pin_eval_pool(self) -> None:
+        """Before the first append to a source that holds chunks: pin its evaluation pool to the rows it holds."""
+        meta = self.directory / META
+        if self.stored_rows and meta.exists():
+            data = json.loads(meta.read_text())
+            if EVAL_POOL not in data:
+                data[EVAL_POOL] = self.stored_rows
+                tmp = meta.with_name(f".{META}.tmp-{os.getpid()}")
+                tmp.write_text(json.dumps(data, indent=1) + "\n")
+                os.replace(tmp, meta)
+
     def _write(self, count: int) -> None:
+        self._pin_eval_pool()
         write_chunk(self.directory / f"chunk-{self.next_number:05d}.safetensors", self.pending[:count], self.source)
         self.next_number += 1
+        self.stored_rows += count
         self.pending = self.pending[count:]
         self._rewrite_pending()
 

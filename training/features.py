@@ -41,28 +41,34 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def read_rows(path: str | Path) -> list[dict]:
     """Rows ``{"id", "input_ids", "prompt_len", "finish"}`` of a JSONL file, of an answer store (a folder of source
-    folders, e.g. ``data/answers``) or of one source folder of it (``data/answers/leetcode``)."""
+    folders, e.g. ``data/answers``) or of one source folder of it (``data/answers/leetcode``); answers appended
+    after a source's evaluation pool was pinned are marked ``"eval_candidate": False`` (see `split_rows`)."""
     from .answers import META, read_answers
 
     path = Path(path)
     if not path.is_dir():
         return read_jsonl(path)
     if (path / META).exists():
-        return list(read_answers(path.parent, [path.name]))
-    return list(read_answers(path))
+        return list(read_answers(path.parent, [path.name], mark_eval_pool=True))
+    return list(read_answers(path, mark_eval_pool=True))
 
 
 def split_rows(files: list[list[dict]], eval_count: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
     """(training rows, evaluation rows) from the JSONL rows of one or more files (one row list per file): rows of
     the benchmark's held-out conversations dropped, duplicate ids dropped, ``eval_count`` random rows of the FIRST
     file set aside for evaluation. More data added later as further files therefore keeps the evaluation set and
-    never moves a row already trained on into it."""
+    never moves a row already trained on into it. Rows marked ``"eval_candidate": False`` (answers appended to a
+    store after its evaluation pool was pinned, see `answers`) are never drawn: appending to the first file keeps
+    the set too."""
     first, *more = files
-    rows = list({r["id"]: r for r in first if not is_held_out(str(r["id"]))}.values())
+    pool = [r for r in first if r.get("eval_candidate", True)]
+    rows = list({r["id"]: r for r in pool if not is_held_out(str(r["id"]))}.values())
     random.Random(seed).shuffle(rows)
     held, train = rows[:eval_count], rows[eval_count:]
     seen = {r["id"] for r in rows}
-    extra = {r["id"]: r for part in more for r in part if r["id"] not in seen and not is_held_out(str(r["id"]))}
+    late = [r for r in first if not r.get("eval_candidate", True)]
+    extra = {r["id"]: r for part in [late, *more] for r in part
+             if r["id"] not in seen and not is_held_out(str(r["id"]))}
     return train + list(extra.values()), held
 
 
