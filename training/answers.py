@@ -125,6 +125,13 @@ def _pending_rows(path: Path) -> list[dict]:
     return rows
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Write a small file atomically (a temporary sibling renamed into place)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def eval_pool(directory: str | Path) -> int | None:
     """The number of leading rows of a source folder that evaluation may draw from (None: all of them)."""
     meta = Path(directory) / META
@@ -140,22 +147,18 @@ def read_answers(root: str | Path, sources: Iterable[str] | None = None, *,
     (appended after the pin) carry ``"eval_candidate": False`` (the trainer's reader, `features.read_rows`)."""
     for directory in source_dirs(root, sources):
         pool = eval_pool(directory) if mark_eval_pool else None
-        index = 0
+        for i, row in enumerate(_source_rows(directory, include_pending)):
+            yield row if pool is None or i < pool else {**row, "eval_candidate": False}
 
-        def mark(rows: list[dict]) -> list[dict]:
-            nonlocal index
-            if pool is not None:
-                rows = [r if index + i < pool else {**r, "eval_candidate": False} for i, r in enumerate(rows)]
-            index += len(rows)
-            return rows
 
-        for path in chunk_paths(directory):
-            try:
-                yield from mark(read_chunk(path)[1])
-            except TornChunkError as err:
-                warnings.warn(f"skipping {err}", stacklevel=2)
-        if include_pending:
-            yield from mark(_pending_rows(directory / PENDING))
+def _source_rows(directory: Path, include_pending: bool) -> Iterator[dict]:
+    for path in chunk_paths(directory):
+        try:
+            yield from read_chunk(path)[1]
+        except TornChunkError as err:
+            warnings.warn(f"skipping {err}", stacklevel=3)
+    if include_pending:
+        yield from _pending_rows(directory / PENDING)
 
 
 def token_sequences(root: str | Path, sources: Iterable[str] | None = None, *, answers_only: bool = False,
@@ -222,10 +225,7 @@ class AnswerStore:
         self.done.update(r["id"] for r in self.pending)
 
     def _rewrite_pending(self) -> None:
-        path = self.directory / PENDING
-        tmp = path.with_name(f".{PENDING}.tmp-{os.getpid()}")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.pending), encoding="utf-8")
-        os.replace(tmp, path)
+        _replace_text(self.directory / PENDING, "".join(json.dumps(r) + "\n" for r in self.pending))
 
     def add(self, rows: Sequence[dict]) -> None:
         """Record finished rows (appended to the pending file at once); full chunks are written out."""
@@ -250,10 +250,7 @@ class AnswerStore:
         if self.stored_rows and meta.exists():
             data = json.loads(meta.read_text())
             if EVAL_POOL not in data:
-                data[EVAL_POOL] = self.stored_rows
-                tmp = meta.with_name(f".{META}.tmp-{os.getpid()}")
-                tmp.write_text(json.dumps(data, indent=1) + "\n")
-                os.replace(tmp, meta)
+                _replace_text(meta, json.dumps({**data, EVAL_POOL: self.stored_rows}, indent=1) + "\n")
 
     def _write(self, count: int) -> None:
         self._pin_eval_pool()
