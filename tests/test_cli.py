@@ -327,7 +327,7 @@ def test_bench_calibration_log_then_calibrate(model_dir, prompts_file, tmp_path,
         assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path):
+def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path, capsys):
     """Feature noise, dropout, the acceptance loss, fixed anchors and prompt capping train and are recorded; early
     stopping evaluates the held-out chain tau and keeps the best checkpoint."""
     target, rows, data = _training_data(model_dir, tmp_path)
@@ -358,3 +358,14 @@ def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path):
     later = JetSpecHead.from_pretrained(tmp_path / "more").config.training_summary
     assert later["steps"] == 1 and later["continued_from"] == {"head": str(out_dir), **summary}
     assert "chain_tau_held_out" in later and "tau_held_out" not in later
+    # A fresh head can start from the target's top layers (recorded); not together with --init-head.
+    fresh = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir",
+             str(tmp_path / "fresh"), "--max-steps", "1", "--batch-size", "2", "--num-anchors", "4", "--eval-count", "1",
+             "--eval-decode-count", "0", "--head-layers", "2", "--init-from-target"]
+    assert main(fresh) == 0
+    started = JetSpecHead.from_pretrained(tmp_path / "fresh").config.training_summary["initialised_from"]
+    assert started.startswith(f"the target's decoder layers [{target.config.num_hidden_layers - 2}, ")
+    with pytest.raises(SystemExit) as refused:  # the trainer's own argparse error, before loading anything
+        main([*fresh, "--init-head", str(out_dir)])
+    assert refused.value.code == 2
+    assert "--init-head and --init-from-target" in capsys.readouterr().err

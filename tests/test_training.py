@@ -15,6 +15,7 @@ from hf_jetspec.head import HeadContext
 from hf_jetspec.prompts import is_held_out
 from hf_jetspec.training import diagnose, vocab
 from hf_jetspec.training.features import FeatureStore, build_feature_store, target_states, training_rows
+from hf_jetspec.training.init import init_from_target
 from hf_jetspec.training.loss import (
     depth_weights,
     forward_kl,
@@ -427,3 +428,39 @@ def test_depth_accuracy_with_stored_states_and_anchor_stride():
     assert diagnose.depth_accuracy(head, target, stored)["anchors"] == online["anchors"] == 3 * 20
     strided = diagnose.depth_accuracy(head, target, stored, anchor_stride=3)
     assert strided["anchors"] == 3 * 7  # positions 4, 7, ..., 22 of each response
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_init_from_target_copies_the_top_layers_and_passes_the_deepest_tap(family):
+    target = make_target(family, seed=6, layers=4)
+    torch.manual_seed(0)
+    head = JetSpecHead.for_target(target, num_hidden_layers=2, block_size=4, target_layer_ids=[2, 0, 1])
+    copied = init_from_target(head, target)
+    assert copied["layers"] == [2, 3]
+    decoder = target.get_decoder()
+    for mine, theirs in zip(head.layers, decoder.layers[2:]):
+        source = theirs.state_dict()
+        for name, param in mine.named_parameters():
+            if name in source:
+                assert torch.equal(param, source[name]), name
+    assert torch.equal(head.norm.weight, decoder.norm.weight)
+    norms = [f"layers.{i}.self_attn.{n}_norm.weight" for i in range(2) for n in "qk"]
+    assert copied["kept"] == ([] if family == "qwen3" else norms)  # Llama has no q/k norms: they stay ones
+    features = torch.randn(1, 5, 3 * head.config.hidden_size)
+    deepest = features[..., : head.config.hidden_size]  # tap 2 comes first in this head's taps
+    assert torch.allclose(head.fuse(features), head.hidden_norm(deepest), atol=1e-6)
+    prompt = torch.tensor([[5, 9, 4, 7]])
+    assert_same_tokens(greedy_reference(target, prompt, max_new_tokens=24),
+                       jetspec(target, prompt, draft_head=head, max_new_tokens=24))
+
+
+def test_init_from_target_refuses_a_head_of_another_shape():
+    target = make_target("llama", seed=6, layers=2)
+    wide = JetSpecHead.for_target(target, num_hidden_layers=1, intermediate_size=96)
+    before = {k: v.clone() for k, v in wide.state_dict().items()}
+    with pytest.raises(ValueError, match=r"not sized for it.*mlp\.gate_proj\.weight: head \(96, 64\) != target \(128, 64\)"):
+        init_from_target(wide, target)
+    deep = JetSpecHead.for_target(target, num_hidden_layers=3)
+    with pytest.raises(ValueError, match="the head has 3 layers; the target only 2"):
+        init_from_target(deep, target)
+    assert all(torch.equal(v, before[k]) for k, v in wide.state_dict().items())  # refused: nothing half-copied
