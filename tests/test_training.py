@@ -341,9 +341,15 @@ def test_diagnose_cli_compares_held_out_and_training_rows(tmp_path, capsys):
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["held_out"]["anchors"] == 2 * 10 and out["training"]["anchors"] == 3 * 10
     assert "held_out chain" in capsys.readouterr().out
-    store = build_feature_store(target, rows[:3], head.config.target_layer_ids, tmp_path / "store")
-    with pytest.raises(ValueError, match="lacks"):  # a store without the evaluation rows
-        diagnose.main(common + ["--features", str(store)])
+    train, _ = training_rows([rows], 2, 0)  # what the trainer's store holds: its training rows
+    store = build_feature_store(target, train, head.config.target_layer_ids, tmp_path / "store")
+    # A trainer's store never holds the evaluation rows: their states are computed, the training rows are read.
+    assert diagnose.main(common + ["--features", str(store), "--json", str(tmp_path / "stored.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "held_out: the feature store lacks 2 of 2 rows" in printed and "training: the feature" not in printed
+    stored = json.loads((tmp_path / "stored.json").read_text())
+    assert stored["held_out"] == out["held_out"]
+    assert stored["training"]["anchors"] == out["training"]["anchors"]
 
 
 # ------------------------------------------------------------------------------------- regularisation / objective
