@@ -82,14 +82,13 @@ def with_target_states(target, rows: list[dict], layer_ids: list[int]) -> list[d
     return out
 
 
-def _sequences(rows: list[dict], store: FeatureStore | None) -> tuple[list[dict], int]:
-    """(``rows`` with their stored states where ``store`` holds them, how many it lacks). A trainer's store never
-    holds its evaluation rows: `depth_accuracy` computes the states of the rows it lacks."""
+def _sequences(rows: list[dict], store: FeatureStore | None) -> list[dict]:
+    """``rows`` with their stored states where ``store`` holds them. A trainer's store never holds its evaluation
+    rows: `depth_accuracy` computes the states of rows without ``features``."""
     if store is None:
-        return rows, len(rows)
+        return rows
     where = {str(entry["id"]): i for i, (_, entry) in enumerate(store.items)}
-    out = [store[where[str(r["id"])]] if str(r["id"]) in where else r for r in rows]
-    return out, sum(str(r["id"]) not in where for r in rows)
+    return [store[where[str(r["id"])]] if str(r["id"]) in where else r for r in rows]
 
 
 def main(argv=None) -> int:
@@ -116,7 +115,8 @@ def main(argv=None) -> int:
     store = FeatureStore(*args.features) if args.features else None
     results = {}
     for name, rows in (("held_out", held), ("training", train[: args.count])):
-        sequences, computed = _sequences(rows, store)
+        sequences = _sequences(rows, store)
+        computed = sum("features" not in seq for seq in sequences)
         if store is not None and computed:
             print(f"{name}: the feature store lacks {computed} of {len(rows)} rows; their states are computed")
         results[name] = depth_accuracy(head, target, sequences, args.anchor_stride)
