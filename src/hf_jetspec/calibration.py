@@ -175,8 +175,9 @@ _MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 @dataclass(frozen=True)
 class CostCurve:
     """Measured cost of a target forward over ``tokens[i]`` new tokens relative to a one-token forward
-    (``cost[i]``; ``tokens[0] == 1``, ``cost[0] == 1``, non-decreasing); linear in between, and beyond the last
-    point with the last segment's slope."""
+    (``cost[i]``; ``tokens[0] == 1``, ``cost[0] == 1``, non-decreasing, at most ``tokens[i]``: one forward never
+    costs more than decoding its tokens one by one); linear in between, and beyond the last point with the last
+    segment's slope."""
 
     tokens: tuple[int, ...]
     cost: tuple[float, ...]
@@ -189,7 +190,8 @@ class CostCurve:
         for value in self.cost:  # a measured point below an earlier one is noise
             top = max(top, float(value))
             monotone.append(top)
-        object.__setattr__(self, "cost", tuple(c / monotone[0] for c in monotone))
+        # a point above n one-token forwards is noise too (a stalled timing): capped, the curve stays monotone
+        object.__setattr__(self, "cost", tuple(min(c / monotone[0], float(n)) for n, c in zip(self.tokens, monotone)))
 
     def __call__(self, n: int) -> float:
         """The relative cost of verifying ``n`` tokens."""
@@ -243,21 +245,24 @@ def _timer(model, prefix: int):
 
 
 @torch.no_grad()
-def measure_node_cost(model, nodes: int = 16, prefix: int = 64, repeats: int = 3) -> float:
+def measure_node_cost(model, nodes: int = 16, prefix: int = 64, repeats: int = 5) -> float:
     """``kappa``: the extra cost of one more verified token relative to a one-token forward, timed on ``model``'s
-    device ((t(1 + nodes) - t(1)) / (nodes * t(1)), medians over ``repeats``, after a warm-up): one number to
-    store in a calibration (``hf-jetspec calibrate --node-cost measure``)."""
+    device ((t(1 + nodes) - t(1)) / (nodes * t(1)), the fastest of ``repeats`` interleaved timings after a
+    warm-up; at most 1: a token never costs more than its own forward): one number to store in a calibration
+    (``hf-jetspec calibrate --node-cost measure``)."""
     forward = _timer(model, prefix)
     forward(1), forward(1 + nodes)
-    one = sorted(forward(1) for _ in range(repeats))[repeats // 2]
-    many = sorted(forward(1 + nodes) for _ in range(repeats))[repeats // 2]
-    return max(0.0, (many - one) / (nodes * one))
+    one, many = float("inf"), float("inf")
+    for _ in range(repeats):
+        one, many = min(one, forward(1)), min(many, forward(1 + nodes))
+    return min(1.0, max(0.0, (many - one) / (nodes * one)))
 
 
 @torch.no_grad()
-def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: int = 3) -> CostCurve:
+def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: int = 5) -> CostCurve:
     """The `CostCurve` of ``model`` on its device: forwards of 1, 2, 4, ... tokens up to the first power of two
-    >= ``max_tokens``, medians over ``repeats`` after a warm-up, interleaved. Cached per model (measured again
+    >= ``max_tokens``, the fastest of ``repeats`` after a warm-up, interleaved (noise on a shared machine only ever
+    adds time, so the minimum is the estimate a disturbed timing cannot inflate). Cached per model (measured again
     only for a larger ``max_tokens``)."""
     cached = _MEASURED.get(model)
     if cached is not None and cached.tokens[-1] >= max_tokens:
@@ -272,8 +277,7 @@ def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: i
     for _ in range(repeats):
         for size in sizes:
             times[size].append(forward(size))
-    medians = [sorted(times[size])[repeats // 2] for size in sizes]
-    curve = CostCurve(tuple(sizes), tuple(medians))
+    curve = CostCurve(tuple(sizes), tuple(min(times[size]) for size in sizes))
     _MEASURED[model] = curve
     return curve
 
