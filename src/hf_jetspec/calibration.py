@@ -244,40 +244,41 @@ def _timer(model, prefix: int):
     return forward
 
 
+def _fastest(model, sizes, prefix: int, repeats: int) -> tuple:
+    """The fastest of ``repeats`` timings of a forward of each of ``sizes`` new tokens, after one warm-up each,
+    interleaved (noise on a shared machine only ever adds time, so the minimum is the estimate a disturbed timing
+    cannot inflate)."""
+    forward = _timer(model, prefix)
+    for size in sizes:
+        forward(size)
+    fastest = [float("inf")] * len(sizes)
+    for _ in range(repeats):
+        fastest = [min(best, forward(size)) for best, size in zip(fastest, sizes)]
+    return tuple(fastest)
+
+
 @torch.no_grad()
 def measure_node_cost(model, nodes: int = 16, prefix: int = 64, repeats: int = 5) -> float:
     """``kappa``: the extra cost of one more verified token relative to a one-token forward, timed on ``model``'s
     device ((t(1 + nodes) - t(1)) / (nodes * t(1)), the fastest of ``repeats`` interleaved timings after a
     warm-up; at most 1: a token never costs more than its own forward): one number to store in a calibration
     (``hf-jetspec calibrate --node-cost measure``)."""
-    forward = _timer(model, prefix)
-    forward(1), forward(1 + nodes)
-    one, many = float("inf"), float("inf")
-    for _ in range(repeats):
-        one, many = min(one, forward(1)), min(many, forward(1 + nodes))
+    one, many = _fastest(model, (1, 1 + nodes), prefix, repeats)
     return min(1.0, max(0.0, (many - one) / (nodes * one)))
 
 
 @torch.no_grad()
 def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: int = 5) -> CostCurve:
     """The `CostCurve` of ``model`` on its device: forwards of 1, 2, 4, ... tokens up to the first power of two
-    >= ``max_tokens``, the fastest of ``repeats`` after a warm-up, interleaved (noise on a shared machine only ever
-    adds time, so the minimum is the estimate a disturbed timing cannot inflate). Cached per model (measured again
-    only for a larger ``max_tokens``)."""
+    >= ``max_tokens``, each the fastest of ``repeats`` interleaved timings (`_fastest`). Cached per model (measured
+    again only for a larger ``max_tokens``)."""
     cached = _MEASURED.get(model)
     if cached is not None and cached.tokens[-1] >= max_tokens:
         return cached
     sizes = [1]
     while sizes[-1] < max(1, max_tokens):
         sizes.append(sizes[-1] * 2)
-    forward = _timer(model, prefix)
-    for size in sizes:
-        forward(size)
-    times = {size: [] for size in sizes}
-    for _ in range(repeats):
-        for size in sizes:
-            times[size].append(forward(size))
-    curve = CostCurve(tuple(sizes), tuple(min(times[size]) for size in sizes))
+    curve = CostCurve(tuple(sizes), _fastest(model, sizes, prefix, repeats))
     _MEASURED[model] = curve
     return curve
 
