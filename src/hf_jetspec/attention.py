@@ -5,6 +5,10 @@ flex_attention take a 4D additive float mask. flash_attention_* cannot, so tree 
 (prefill and ordinary decoding keep flash). On CUDA, when the Triton kernel of ``hf_jetspec.kernels`` is available,
 tree steps use it (registered as the ``jetspec_tree`` attention implementation) with the tree passed compactly.
 Anything else raises before generation starts.
+
+Sliding-window targets (Mistral, Gemma 2/3, Qwen2/3 with ``use_sliding_window``, ...) are verified with the window
+applied in the tree mask (a mask per layer kind when full and sliding layers mix); their cache keeps every position
+(`hf_jetspec.cache.full_layers`). Chunked, linear and other attention kinds raise.
 """
 
 from __future__ import annotations
@@ -18,13 +22,44 @@ MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 KERNEL_IMPLEMENTATION = "jetspec_tree"
 
 
+WINDOWED_KINDS = ("full_attention", "sliding_attention")
+
+
 @dataclass(frozen=True)
 class TreeAttentionPlan:
     """``implementation``: the attention implementation during tree steps; ``kernel``: pass the tree compactly
-    (``tree_meta``) to the Triton kernel instead of a dense mask."""
+    (``tree_meta``) to the Triton kernel instead of a dense mask; ``window``: the sliding window of the target's
+    sliding layers (None: every layer attends to the whole prefix); ``mixed``: full and sliding layers both occur,
+    so the model takes one mask per layer kind."""
 
     implementation: str
     kernel: bool
+    window: int | None = None
+    mixed: bool = False
+
+
+def sliding_window(model) -> tuple[int | None, bool]:
+    """``(window, mixed)`` of ``model``'s decoder layers from its config: the sliding window (None when no layer
+    slides) and whether full-attention layers occur next to sliding ones. Raises ``ValueError`` for attention kinds
+    a tree mask cannot express (chunked, linear, ...)."""
+    config = model.config.get_text_config(decoder=True)
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:  # Mistral-style: one kind for every layer
+        chunked = getattr(config, "attention_chunk_size", None) is not None
+        kinds = ["sliding_attention" if window is not None else "chunked_attention" if chunked else "full_attention"]
+    unsupported = sorted(set(kinds) - set(WINDOWED_KINDS))
+    if unsupported:
+        raise ValueError(
+            f"{type(model).__name__} has {', '.join(unsupported)} layers: hf_jetspec verifies trees on full and "
+            "sliding-window attention only."
+        )
+    if "sliding_attention" not in kinds:
+        return None, False
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"{type(model).__name__} has sliding-window layers but no usable config.sliding_window "
+                         f"({window!r}).")
+    return window, "full_attention" in kinds
 
 
 def current_implementation(model) -> str:
@@ -50,15 +85,19 @@ def plan_tree_attention(model, use_kernel: bool | None = None) -> TreeAttentionP
     """
     impl = current_implementation(model)
     device = next(model.parameters()).device
-    automatic = use_kernel is None and (impl == KERNEL_IMPLEMENTATION or device.type == "cuda")
+    window, mixed = sliding_window(model)
+    if use_kernel and window is not None:
+        raise ValueError(f"The jetspec_tree Triton kernel has no sliding window; {type(model).__name__} slides "
+                         f"({window} tokens): pass tree_kernel=None or False.")
+    automatic = use_kernel is None and window is None and (impl == KERNEL_IMPLEMENTATION or device.type == "cuda")
     if (use_kernel or automatic) and _kernel_usable(device):
         return TreeAttentionPlan(KERNEL_IMPLEMENTATION, kernel=True)
     if use_kernel:
         raise ValueError(f"The jetspec_tree Triton kernel is not available on {device} (needs CUDA + triton, or TRITON_INTERPRET=1).")
     if impl in MASK_IMPLEMENTATIONS:
-        return TreeAttentionPlan(impl, kernel=False)
+        return TreeAttentionPlan(impl, kernel=False, window=window, mixed=mixed)
     if impl.startswith("flash_attention") or impl == KERNEL_IMPLEMENTATION:
-        return TreeAttentionPlan("sdpa", kernel=False)
+        return TreeAttentionPlan("sdpa", kernel=False, window=window, mixed=mixed)
     raise ValueError(
         f"Attention implementation {impl!r} cannot take a tree attention mask. Load the target with "
         f"attn_implementation in {MASK_IMPLEMENTATIONS} or flash_attention_2/3 (tree steps then run on sdpa)."

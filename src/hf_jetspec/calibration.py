@@ -219,13 +219,14 @@ def _timer(model, prefix: int):
     prefix after each timing, so the prefill runs once)."""
     from transformers import DynamicCache
 
-    from .cache import cache_kwarg, keep_positions
+    from .attention import sliding_window
+    from .cache import cache_kwarg, full_layers, keep_positions
 
     key = cache_kwarg(model)  # "cache" on transformers >= 5.24 ("past_key_values" warns there)
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, prefix + 64), generator=torch.Generator().manual_seed(0)).to(device)
-    cache = DynamicCache(config=model.config)
+    cache = full_layers(DynamicCache(config=model.config), sliding_window(model)[0])
     model(input_ids=ids[:, :prefix], use_cache=True, **{key: cache})
 
     def forward(count: int) -> float:

@@ -16,11 +16,13 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         if owner is None:
             continue
         inner = owner.get_decoder() if hasattr(owner, "get_decoder") else None
-        for candidate in (inner, getattr(owner, "model", None), owner):
-            layers = getattr(candidate, "layers", None)
-            if isinstance(layers, nn.ModuleList):
-                return layers
-    raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (expected a `.layers` ModuleList)")
+        for candidate in (inner, getattr(owner, "model", None), getattr(owner, "transformer", None), owner):
+            for name in ("layers", "h"):  # most models; GPT-2, Falcon, Bloom, GPT-J
+                layers = getattr(candidate, name, None)
+                if isinstance(layers, nn.ModuleList):
+                    return layers
+    raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (expected a `.layers` or `.h` "
+                     "ModuleList)")
 
 
 class FeatureTap:
@@ -31,8 +33,8 @@ class FeatureTap:
     """
 
     def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
-        self.layers = decoder_layers(model)
         self.layer_ids = list(layer_ids)
+        self.layers = decoder_layers(model) if self.layer_ids else None
         self._outputs: dict[int, torch.Tensor] = {}
         self._handles: list = []
 

@@ -114,15 +114,22 @@ class DraftTree:
         """``[1, N]`` positions: prefix length + depth."""
         return (self.depths + prefix_len)[None]
 
-    def attention_mask(self, prefix_len: int, dtype: torch.dtype, key_len: int | None = None) -> torch.Tensor:
+    def attention_mask(self, prefix_len: int, dtype: torch.dtype, key_len: int | None = None,
+                       window: int | None = None) -> torch.Tensor:
         """Additive mask ``[1, 1, N, key_len]`` over [KV prefix ; tree ; unused slots]: the prefix is visible,
         a tree node sees its ancestors and itself. ``key_len`` defaults to prefix + N (a StaticCache passes its
-        full length; slots past the tree stay masked)."""
+        full length; slots past the tree stay masked). ``window``: a sliding-window layer's, where a node at
+        position p sees only keys at positions > p - window (transformers' sliding-window mask)."""
         n = len(self)
         key_len = prefix_len + n if key_len is None else key_len
         visible = torch.zeros(n, key_len, dtype=torch.bool, device=self.tokens.device)
         visible[:, :prefix_len] = True
         visible[:, prefix_len : prefix_len + n] = self.ancestors()
+        if window is not None:
+            query = self.position_ids(prefix_len)[0]  # [N]
+            key = torch.arange(key_len, device=self.tokens.device)
+            key[prefix_len : prefix_len + n] = query
+            visible &= query[:, None] - key[None, :] < window
         mask = torch.zeros(n, key_len, dtype=dtype, device=self.tokens.device)
         return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 

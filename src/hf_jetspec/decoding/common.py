@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import check_cache
+from ..attention import sliding_window
+from ..cache import check_cache, full_layers
 
 
 def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus: bool, model_kwargs: dict):
@@ -33,7 +34,7 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError("hf_jetspec decoding needs the KV cache: do not pass use_cache=False.")
     if getattr(cache, "offloading", False):
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
-    check_cache(cache)
+    check_cache(full_layers(cache, sliding_window(model)[0]))
     return cache
 
 

@@ -17,7 +17,8 @@ import torch
 from transformers import DynamicCache
 
 from ..acceptance import accept
-from ..cache import cache_kwarg, check_cache, keep_positions
+from ..attention import sliding_window
+from ..cache import cache_kwarg, check_cache, full_layers, keep_positions
 from ..limits import check_window_limits
 from ..tokens import TokenSelector
 from ..tree import DraftTree
@@ -36,7 +37,7 @@ class DraftRunner:
             raise ValueError(f"The draft model's vocabulary ({vocab}) differs from the target's ({target_vocab}): "
                              "speculative Jacobi needs a draft with the same tokenizer.")
         self.model = draft_model
-        self.cache = DynamicCache(config=draft_model.config)
+        self.cache = full_layers(DynamicCache(config=draft_model.config), sliding_window(draft_model)[0])
         check_cache(self.cache)
         self.key = cache_kwarg(draft_model)
         self.seen: list[int] = []  # the tokens whose KV the draft cache holds

@@ -1,0 +1,195 @@
+"""Targets beyond Llama/Qwen3 full attention: sliding-window models (Mistral, Gemma 2, Qwen3 with
+``use_sliding_window``; all layers or mixed with full ones), GPT-2/Falcon-style ``.h`` layer lists, and the clear
+errors for attention a tree mask cannot express. Windows here are far shorter than the generations, so every
+run attends across the window's edge."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from helpers import ScrambledOracle, assert_same_tokens, greedy_reference
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache
+
+import hf_jetspec
+from hf_jetspec import JetSpecHead
+from hf_jetspec.attention import plan_tree_attention, sliding_window
+from hf_jetspec.cache import cache_kwarg, full_layers
+from hf_jetspec.tree import DraftTree
+from hf_jetspec.verify import verify_tree
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=64, max_position_embeddings=512, initializer_range=0.2, pad_token_id=0,
+              bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+MIXED = ["sliding_attention", "full_attention", "sliding_attention"]
+
+
+def windowed(kind: str, window: int):
+    """(model type, config kwargs) of a sliding-window family: ``mistral`` (every layer slides, one mask),
+    ``qwen3`` (first layer full, the rest slide: a mask per kind), ``gemma2`` (explicit mixed ``layer_types``)."""
+    return {
+        "mistral": ("mistral", dict(sliding_window=window)),
+        "qwen3": ("qwen3", dict(head_dim=8, use_sliding_window=True, sliding_window=window, max_window_layers=1)),
+        "gemma2": ("gemma2", dict(head_dim=8, sliding_window=window, layer_types=MIXED)),
+    }[kind]
+
+
+_MODELS: dict = {}
+
+
+def make(model_type: str, seed: int = 0, **extra):
+    key = (model_type, seed, tuple(sorted((k, str(v)) for k, v in extra.items())))
+    if key not in _MODELS:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **{**COMMON, **extra})).eval()
+        model.generation_config.pad_token_id = 0
+        model.generation_config.eos_token_id = None
+        _MODELS[key] = model
+    return _MODELS[key]
+
+
+def strategies(model, free_run, seed: int, block: int = 6):
+    """Every greedy strategy, as ``name -> generate() kwargs``."""
+    return {
+        "jetspec-oracle": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=12, retrieval=False,
+                               drafter=ScrambledOracle(free_run, VOCAB, block, seed=seed)),
+        "jetspec-merged": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=12, retrieval=True,
+                               node_cost=None, drafter=ScrambledOracle(free_run, VOCAB, block, seed=seed)),
+        "jetspec-head": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=8,
+                             draft_head=JetSpecHead.for_target(model, block_size=block, num_hidden_layers=1)),
+        "suffix": dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None),
+        "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate),
+        "speculative-jacobi": dict(custom_generate=hf_jetspec.speculative_jacobi_generate, draft_model=model),
+    }
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_sliding_window_targets_are_lossless(case):
+    rng = random.Random(case)
+    kind = ("mistral", "qwen3", "gemma2")[case % 3]
+    window = rng.randint(3, 10)
+    model_type, extra = windowed(kind, window)
+    model = make(model_type, seed=case, **extra)
+    prompt = torch.randint(3, VOCAB, (1, rng.randint(1, 14)), generator=torch.Generator().manual_seed(case))
+    max_new = rng.randint(20, 40)
+    free_run = greedy_reference(model, prompt, max_new_tokens=max_new)
+    assert prompt.shape[1] + max_new > 2 * window
+    torch.manual_seed(case)
+    for name, kwargs in strategies(model, free_run, seed=case).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=max_new, **kwargs)
+        assert_same_tokens(free_run, out, f"[{kind} window={window} {name}]")
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gemma2"])
+def test_mixed_window_target_with_a_static_cache(kind):
+    model_type, extra = windowed(kind, 5)
+    model = make(model_type, seed=3, **extra)
+    prompt = torch.randint(3, VOCAB, (1, 7), generator=torch.Generator().manual_seed(3))
+    free_run = greedy_reference(model, prompt, max_new_tokens=30)
+    out = model.generate(prompt, do_sample=False, max_new_tokens=30, cache_implementation="static",
+                         custom_generate=hf_jetspec.jetspec_generate, tree_budget=12, retrieval=False,
+                         drafter=ScrambledOracle(free_run, VOCAB, 6, seed=3))
+    assert_same_tokens(free_run, out, f"[{kind} static]")
+
+
+def test_static_cache_of_sliding_layers_only():
+    """Every layer slides: a window at least as long as the generation is a full cache already; a shorter one has
+    lost the cache's length, so the call names the fix instead of failing inside the model."""
+    long_window = make("mistral", seed=4, sliding_window=64)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
+    free_run = greedy_reference(long_window, prompt, max_new_tokens=20)
+    out = long_window.generate(prompt, do_sample=False, max_new_tokens=20, cache_implementation="static",
+                               custom_generate=hf_jetspec.jacobi_generate)
+    assert_same_tokens(free_run, out, "[mistral static, window 64]")
+    short_window = make("mistral", seed=4, sliding_window=4)
+    with pytest.raises(ValueError, match="cache_implementation='dynamic'"):
+        short_window.generate(prompt, do_sample=False, max_new_tokens=20, cache_implementation="static",
+                              custom_generate=hf_jetspec.jacobi_generate)
+
+
+def random_tree(rng: random.Random, size: int) -> DraftTree:
+    """A random tree, deep and bushy: each node hangs under one of the three latest."""
+    tokens, parents, depths = [rng.randrange(3, VOCAB)], [-1], [0]
+    for _ in range(size - 1):
+        parent = rng.randrange(max(0, len(tokens) - 3), len(tokens))
+        tokens.append(rng.randrange(3, VOCAB))
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+    return DraftTree.from_lists(tokens, parents, depths)
+
+
+def path_tokens(tree: DraftTree, node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.append(int(tree.tokens[node]))
+        node = int(tree.parents[node])
+    return path[::-1]
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen3", "gemma2"])
+@pytest.mark.parametrize("cache_kind", ["dynamic", "static"])
+def test_tree_logits_match_plain_forwards_of_each_path(kind, cache_kind):
+    """The verified logits at every node of a random deep tree equal a plain forward of prefix + that node's
+    path: the window is applied to prefix keys and to ancestors alike."""
+    if kind == "mistral" and cache_kind == "static":
+        pytest.skip("a static cache of sliding layers only is refused (test above)")
+    window = 4
+    model_type, extra = windowed(kind, window)
+    model = make(model_type, seed=5, **extra)
+    rng = random.Random(5)
+    tree = random_tree(rng, 14)
+    assert int(tree.depths.max()) > window
+    prefix = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
+    cache = DynamicCache(config=model.config) if cache_kind == "dynamic" else \
+        StaticCache(config=model.config, max_cache_len=64)
+    cache = full_layers(cache, sliding_window(model)[0])
+    key = cache_kwarg(model)
+    with torch.no_grad():
+        model(input_ids=prefix, use_cache=True, **{key: cache})
+        logits = verify_tree(model, tree, cache, prefix.shape[1], plan_tree_attention(model, False), key)
+        for node in range(len(tree)):
+            ids = torch.cat((prefix, torch.tensor([path_tokens(tree, node)])), dim=1)
+            expected = model(input_ids=ids).logits[0, -1]
+            torch.testing.assert_close(logits[node], expected, atol=1e-4, rtol=1e-4, msg=f"node {node}")
+
+
+def test_window_mask_of_a_chain_is_the_sliding_causal_mask():
+    chain = DraftTree.from_lists(list(range(3, 9)), [-1, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5])
+    prefix, window = 5, 3
+    mask = chain.attention_mask(prefix, torch.float32, window=window)[0, 0]
+    query = torch.arange(prefix, prefix + 6)[:, None]
+    key = torch.arange(prefix + 6)[None, :]
+    expected = (key <= query) & (query - key < window)
+    assert torch.equal(mask == 0, expected)
+
+
+def test_attention_kinds_a_tree_mask_cannot_express_are_refused():
+    model = make("llama4_text", seed=6, head_dim=8, attention_chunk_size=8)
+    prompt = torch.randint(3, VOCAB, (1, 5))
+    with pytest.raises(ValueError, match="chunked_attention"):
+        model.generate(prompt, do_sample=False, max_new_tokens=5, custom_generate=hf_jetspec.suffix_generate)
+
+
+def test_kernel_request_on_a_sliding_target_is_refused():
+    model_type, extra = windowed("gemma2", 4)
+    model = make(model_type, seed=7, **extra)
+    with pytest.raises(ValueError, match="sliding window"):
+        plan_tree_attention(model, use_kernel=True)
+    assert plan_tree_attention(model).window == 4 and plan_tree_attention(model).mixed
+
+
+@pytest.mark.parametrize("model_type,extra", [
+    ("gpt2", dict(n_embd=32, n_layer=2, n_head=4, n_positions=512)),
+    ("falcon", dict(new_decoder_architecture=False)),
+])
+def test_h_layer_targets(model_type, extra):
+    """GPT-2 and Falcon keep their blocks in ``transformer.h``: the head taps them, every strategy runs."""
+    model = make(model_type, seed=8, **extra)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(8))
+    free_run = greedy_reference(model, prompt, max_new_tokens=24)
+    torch.manual_seed(8)
+    for name, kwargs in strategies(model, free_run, seed=8).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=24, **kwargs)
+        assert_same_tokens(free_run, out, f"[{model_type} {name}]")
