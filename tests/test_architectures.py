@@ -193,3 +193,24 @@ def test_h_layer_targets(model_type, extra):
     for name, kwargs in strategies(model, free_run, seed=8).items():
         out = model.generate(prompt, do_sample=False, max_new_tokens=24, **kwargs)
         assert_same_tokens(free_run, out, f"[{model_type} {name}]")
+
+
+def test_multimodal_target_on_text():
+    """Gemma 3 with its vision tower (``Gemma3ForConditionalGeneration``): token ids, windows and layers live on the
+    text config and the language model; text prompts decode losslessly with every strategy."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = {**COMMON, "head_dim": 8, "sliding_window": 5, "layer_types": MIXED}
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(9)
+    model = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=VOCAB - 1,
+        boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3)).eval()
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None
+    prompt = torch.randint(3, VOCAB - 4, (1, 8), generator=torch.Generator().manual_seed(9))
+    free_run = greedy_reference(model, prompt, max_new_tokens=24)
+    for name, kwargs in strategies(model, free_run, seed=9).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=24, **kwargs)
+        assert_same_tokens(free_run, out, f"[gemma3 multimodal {name}]")

@@ -64,7 +64,9 @@ def new_slots(init: str, context: torch.Tensor, count: int, pad_id: int, vocab: 
 
 
 def pad_token(generation_config, model) -> int:
-    for candidate in (generation_config.pad_token_id, generation_config.eos_token_id, model.config.pad_token_id):
+    text_config = model.config.get_text_config()  # multimodal configs keep the token ids on their text config
+    for candidate in (generation_config.pad_token_id, generation_config.eos_token_id,
+                      getattr(text_config, "pad_token_id", None)):
         if isinstance(candidate, (list, tuple)):
             candidate = candidate[0] if candidate else None
         if candidate is not None:
