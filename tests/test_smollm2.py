@@ -70,3 +70,27 @@ def test_the_shipped_head_is_trained_for_smollm2(smollm2):
     torch.manual_seed(0)
     untrained = JetSpecHead.for_target(model, num_hidden_layers=1)
     assert measure_tau(model, head, prompts, 48) > measure_tau(model, untrained, prompts, 48) + 0.2
+
+
+def test_stop_strings(smollm2):
+    """Stop strings need the tokenizer. ``generate()`` drops ``tokenizer=`` for ``custom_generate`` callables
+    (transformers 5.x raises its own "could not locate a tokenizer"), so there they come as a `StopStringCriteria`;
+    the assistant route keeps ``stop_strings=`` + ``tokenizer=``. Either way the output stops where plain greedy
+    does, inside an accepted block."""
+    from transformers import StopStringCriteria, StoppingCriteriaList
+
+    model, tokenizer = smollm2
+    head = default_head(model)
+    ids = encode_prompt(tokenizer, PROMPTS[1])
+    stops = ["\n", "sea"]
+    reference = model.generate(ids, do_sample=False, max_new_tokens=48, stop_strings=stops, tokenizer=tokenizer)
+    assert reference.shape[1] - ids.shape[1] < 48  # a stop string fired
+    for strategy, extra in [(hf_jetspec.jetspec_generate, dict(draft_head=head)), (hf_jetspec.suffix_generate, {}),
+                            (hf_jetspec.jacobi_generate, {})]:
+        out = model.generate(ids, do_sample=False, max_new_tokens=48, custom_generate=strategy, **extra,
+                             stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, stops)]))
+        assert_same_tokens(reference, out, strategy.__name__)
+    hf_jetspec.enable(model)
+    out = model.generate(ids, do_sample=False, max_new_tokens=48, stop_strings=stops, tokenizer=tokenizer,
+                         assistant_model=head)
+    assert_same_tokens(reference, out, "assistant_model")
