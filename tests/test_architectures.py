@@ -214,3 +214,22 @@ def test_multimodal_target_on_text():
     for name, kwargs in strategies(model, free_run, seed=9).items():
         out = model.generate(prompt, do_sample=False, max_new_tokens=24, **kwargs)
         assert_same_tokens(free_run, out, f"[gemma3 multimodal {name}]")
+
+
+@pytest.mark.parametrize("kind", ["mistral", "gemma2"])
+def test_sliding_window_sampling_is_plain_sampling_draw_for_draw(kind):
+    """"Sample, then match" makes one draw per emitted token from the target's processed distribution: with the
+    same seed it returns plain ``generate(do_sample=True)``'s tokens, across the window's edge."""
+    model_type, extra = windowed(kind, 4)
+    model = make(model_type, seed=10, **extra)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(10))
+    kwargs = dict(do_sample=True, temperature=0.8, top_k=20, max_new_tokens=24)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        plain = model.generate(prompt, **kwargs)
+        for name, extra_kwargs in [("jetspec", dict(custom_generate=hf_jetspec.jetspec_generate, retrieval=False,
+                                                    drafter=ScrambledOracle(plain, VOCAB, 6, seed=seed))),
+                                   ("suffix", dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None))]:
+            torch.manual_seed(seed)
+            out = model.generate(prompt, **kwargs, **extra_kwargs)
+            assert_same_tokens(plain, out, f"[{kind} {name} seed={seed}]")
