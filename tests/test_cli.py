@@ -44,6 +44,25 @@ def test_generate_streams_and_reports(model_dir, capsys):
     assert "Loading weights" in capsys.readouterr().err
 
 
+def test_generate_on_a_sliding_window_model_without_sdpa(model_dir, tmp_path, capsys):
+    """A Gemma 2 folder (sliding-window layers mixed with full ones; soft-capping, so no sdpa: the loader keeps
+    transformers' own attention choice) decodes losslessly from the command line."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir / "model")
+    config = AutoConfig.for_model("gemma2", vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=3,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=64,
+                                  sliding_window=6, initializer_range=0.2, eos_token_id=tokenizer.eos_token_id,
+                                  layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "gemma2")
+    tokenizer.save_pretrained(tmp_path / "gemma2")
+    for strategy in ("jetspec", "suffix"):
+        assert main(["generate", "--model", str(tmp_path / "gemma2"), "--strategy", strategy, "--max-new-tokens",
+                     "24", "--compare", "--repeats", "1", "Tell me a story"]) == 0
+        assert "identical to plain greedy" in capsys.readouterr().out
+
+
 def test_compare_names_reduced_precision_drift(model_dir, monkeypatch, capsys):
     """A --compare output that differs from plain greedy is drift in bf16 (exit 0) and a bug in float32 (exit
     1)."""

@@ -297,7 +297,8 @@ def load_target(path: str | None, dtype: str = "float32", device: str | None = N
     if folder is not None:
         read_config(folder, "model")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        # transformers' own choice: sdpa where the architecture supports it, else eager (Gemma 2's soft-capping)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         where = "" if folder is not None else " (not a local folder; tried the Hub)"
