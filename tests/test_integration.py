@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import ScrambledOracle, assert_same_tokens, greedy_reference, jetspec, make_target
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteria, StoppingCriteriaList, WatermarkingConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_jetspec
@@ -90,6 +90,40 @@ def test_logits_processors_match_plain_generate(family, settings):
     drafter = ScrambledOracle(reference, 128, 8, seed=2)
     out = jetspec(model, PROMPT, drafter=drafter, tree_budget=24, max_new_tokens=40, **settings)
     assert_same_tokens(reference, out, str(settings))
+
+
+@pytest.mark.parametrize("settings", [
+    dict(watermarking_config=WatermarkingConfig(bias=2.5, seeding_scheme="selfhash")),
+    dict(exponential_decay_length_penalty=(5, 1.5), eos_token_id=7),
+    dict(forced_eos_token_id=11, renormalize_logits=True),
+    dict(guidance_scale=1.5),
+])
+def test_stateful_and_length_processors_match_plain_generate(settings):
+    """Processors whose output depends on the position (length penalty, forced eos), on a hash of the context
+    (watermarking) or on their own forward passes (classifier-free guidance) see every tree path correctly."""
+    model = make_target("llama", seed=4)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=30, **settings)
+    drafter = ScrambledOracle(reference, 128, 6, seed=1)
+    assert_same_tokens(reference, jetspec(model, PROMPT, drafter=drafter, tree_budget=12, max_new_tokens=30, **settings),
+                       str(settings))
+
+
+@pytest.mark.parametrize("settings", [
+    dict(min_p=0.1, temperature=1.2), dict(typical_p=0.7), dict(epsilon_cutoff=3e-3), dict(eta_cutoff=1e-3),
+    dict(watermarking_config=WatermarkingConfig(bias=2.5)),
+])
+def test_sampling_warpers_match_plain_sampling_draw_for_draw(settings):
+    """With the "match" rule every emitted token is one draw from the processed distribution, in order: the
+    warpers plain sampling applies give the same tokens for the same seed."""
+    model = make_target("qwen3", seed=5)
+    drafter = ScrambledOracle(greedy_reference(model, PROMPT, max_new_tokens=30), 128, 6, seed=1)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        plain = model.generate(PROMPT, max_new_tokens=30, do_sample=True, **settings)
+        torch.manual_seed(seed)
+        out = model.generate(PROMPT, custom_generate=hf_jetspec.jetspec_generate, drafter=drafter, tree_budget=12,
+                             sampling_rule="match", max_new_tokens=30, do_sample=True, **settings)
+        assert out.tolist() == plain.tolist(), f"seed {seed}, {settings}"
 
 
 class StopAfterToken(StoppingCriteria):
@@ -179,6 +213,25 @@ def test_clear_errors():
         jetspec(model, PROMPT, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]), draft_head=head, max_new_tokens=5)
     with pytest.raises(ValueError, match="KV cache"):
         jetspec(model, PROMPT, draft_head=head, use_cache=False, max_new_tokens=5)
+
+
+@pytest.mark.parametrize("settings, method", [
+    (dict(penalty_alpha=0.6, top_k=4), "contrastive search"),
+    (dict(dola_layers="high"), "DoLa"),
+])
+@pytest.mark.parametrize("loop", ["jetspec_generate", "suffix_generate", "jacobi_generate"])
+def test_other_decoding_methods_are_refused(settings, method, loop):
+    """custom_generate replaces generate()'s dispatch: contrastive search or DoLa options would otherwise be
+    dropped silently and plain greedy tokens returned."""
+    model = make_target("llama")
+    kwargs = dict(draft_head=JetSpecHead.for_target(model)) if loop == "jetspec_generate" else {}
+    with pytest.raises(ValueError, match=f"{method}.*different decoding method"):
+        model.generate(PROMPT, max_new_tokens=5, do_sample=False, custom_generate=getattr(hf_jetspec, loop),
+                       **kwargs, **settings)
+    # top_k alone (no penalty_alpha) is not contrastive search: greedy runs.
+    out = model.generate(PROMPT, max_new_tokens=5, do_sample=False, top_k=4, custom_generate=getattr(hf_jetspec, loop),
+                         **kwargs)
+    assert out.shape[1] == PROMPT.shape[1] + 5
 
 
 def test_bf16_target_runs_and_reports_drift():

@@ -13,6 +13,11 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
     if (generation_config.num_beams or 1) > 1:  # first: generate() expands the batch to num_beams rows
         raise ValueError(f"Beam search is not supported by hf_jetspec decoding (num_beams="
                          f"{generation_config.num_beams}): speculative decoding follows one sequence; use num_beams=1.")
+    other = other_decoding_method(generation_config)
+    if other:
+        raise ValueError(f"{other} is a different decoding method: hf_jetspec decoding reproduces greedy decoding "
+                         "(do_sample=False) or sampling (do_sample=True) exactly. Remove it, or run generate() "
+                         "without hf_jetspec.")
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"hf_jetspec decodes one sequence at a time; got batch size {input_ids.shape[0]} "
@@ -36,6 +41,20 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
     check_cache(full_layers(cache, sliding_window(model)[0]))
     return cache
+
+
+def other_decoding_method(generation_config) -> str | None:
+    """The generate() option that would select a decoding method other than greedy or sampling (contrastive
+    search, DoLa, constrained beam search), or None. ``custom_generate`` replaces generate()'s own dispatch, so
+    without this check such a call would silently return plain greedy tokens."""
+    get = lambda name: getattr(generation_config, name, None)  # noqa: E731 (fields differ across versions)
+    if get("constraints") is not None or get("force_words_ids") is not None:
+        return "constraints / force_words_ids (constrained beam search)"
+    if not get("do_sample") and (get("penalty_alpha") or 0) > 0 and (get("top_k") or 0) > 1:
+        return f"penalty_alpha={get('penalty_alpha')} with top_k={get('top_k')} (contrastive search)"
+    if get("dola_layers") is not None:
+        return f"dola_layers={get('dola_layers')!r} (DoLa decoding)"
+    return None
 
 
 def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
