@@ -213,6 +213,16 @@ def test_clear_errors():
         jetspec(model, PROMPT, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]), draft_head=head, max_new_tokens=5)
     with pytest.raises(ValueError, match="KV cache"):
         jetspec(model, PROMPT, draft_head=head, use_cache=False, max_new_tokens=5)
+    embeds = model.get_input_embeddings()(PROMPT)
+    with pytest.raises(ValueError, match="inputs_embeds without input_ids"):
+        model.generate(inputs_embeds=embeds, do_sample=False, custom_generate=hf_jetspec.jetspec_generate,
+                       draft_head=head, max_new_tokens=5)
+    # With input_ids the embeddings are used (as by plain generate): here perturbed ones, a different continuation.
+    embeds = embeds + torch.randn(embeds.shape, generator=torch.Generator().manual_seed(0))
+    reference = model.generate(PROMPT, inputs_embeds=embeds, do_sample=False, max_new_tokens=12)
+    assert not torch.equal(reference, greedy_reference(model, PROMPT, max_new_tokens=12))
+    assert_same_tokens(reference, jetspec(model, PROMPT, inputs_embeds=embeds, draft_head=head,
+                                          max_new_tokens=12))
 
 
 @pytest.mark.parametrize("settings, method", [
@@ -257,3 +267,35 @@ def test_custom_generate_folder(tmp_path):
     with pytest.raises(ValueError, match="Unknown strategy"):
         model.generate(PROMPT, max_new_tokens=4, custom_generate=hf_jetspec.custom_generate_path(),
                        trust_remote_code=True, draft_head=head, strategy="nope")
+
+
+@pytest.mark.parametrize("offload", ["cpu_offload", "dispatch_model"])
+def test_accelerate_offloaded_target(offload):
+    """accelerate's offloading leaves the weights on ``meta`` and moves them in per forward: every strategy (the
+    measured cost curve of the default merged tree included) must find the execution device, and stay lossless."""
+    import copy
+
+    from accelerate import cpu_offload, dispatch_model
+
+    from hf_jetspec.devices import execution_device
+
+    model = make_target("qwen3", seed=4)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=24)
+    offloaded = copy.deepcopy(model)
+    if offload == "cpu_offload":
+        cpu_offload(offloaded, execution_device="cpu")
+        assert next(offloaded.parameters()).device.type == "meta"
+    else:
+        offloaded = dispatch_model(offloaded, device_map={"": "cpu"})
+    assert execution_device(offloaded) == torch.device("cpu")
+    calls = {
+        "jetspec-merged": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=12,
+                               drafter=ScrambledOracle(reference, 128, 6, seed=1)),
+        "suffix": dict(custom_generate=hf_jetspec.suffix_generate),
+        "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate),
+        "assistant": dict(assistant_model=JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)),
+    }
+    target = hf_jetspec.enable(offloaded)
+    for name, kwargs in calls.items():
+        out = target.generate(PROMPT, max_new_tokens=24, do_sample=False, **kwargs)
+        assert_same_tokens(reference, out, name)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .devices import execution_device
+
 MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 KERNEL_IMPLEMENTATION = "jetspec_tree"
 
@@ -84,7 +86,7 @@ def plan_tree_attention(model, use_kernel: bool | None = None) -> TreeAttentionP
     kernel, False = dense mask.
     """
     impl = current_implementation(model)
-    device = next(model.parameters()).device
+    device = execution_device(model)
     window, mixed = sliding_window(model)
     if use_kernel and window is not None:
         raise ValueError(f"The jetspec_tree Triton kernel has no sliding window; {type(model).__name__} slides "

@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from .devices import execution_device
 from .files import write_atomic, write_text_atomic
 from .prompts import Prompt, encode_prompt
 from .strategies import STRATEGIES, Resources, get_strategy
@@ -228,7 +229,7 @@ def machine_info(model) -> dict:
 
     from . import __version__
 
-    device = next(model.parameters()).device
+    device = execution_device(model)
     info = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),

@@ -221,9 +221,10 @@ def _timer(model, prefix: int):
 
     from .attention import sliding_window
     from .cache import cache_kwarg, full_layers, keep_positions
+    from .devices import execution_device
 
     key = cache_kwarg(model)  # "cache" on transformers >= 5.24 ("past_key_values" warns there)
-    device = next(model.parameters()).device
+    device = execution_device(model)
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, prefix + 64), generator=torch.Generator().manual_seed(0)).to(device)
     cache = full_layers(DynamicCache(config=model.config), sliding_window(model)[0])

@@ -74,7 +74,9 @@ def available_memory(device) -> int | None:
 def max_forward_tokens(model, sequence: int, extra: int = 0) -> int:
     """The most tokens (up to `MAX_FORWARD_TOKENS`) one verification forward may carry on ``model``'s device now,
     for a sequence of up to ``sequence`` tokens (prompt + new); ``extra``: tokens the forward carries anyway."""
-    available = available_memory(next(model.parameters()).device)
+    from .devices import execution_device
+
+    available = available_memory(execution_device(model))
     if available is None:
         return MAX_FORWARD_TOKENS
     allowed = MEMORY_SHARE * available
@@ -97,7 +99,9 @@ def check_forward_size(model, generation_config, setting: str, tokens: int) -> N
     sequence = int(getattr(generation_config, "max_length", None) or 0)
     limit = max_forward_tokens(model, sequence)
     if tokens > limit:
-        device = next(model.parameters()).device
+        from .devices import execution_device
+
+        device = execution_device(model)
         need = forward_bytes(model, tokens, sequence + tokens) / _GIB
         free = available_memory(device) / _GIB
         raise ValueError(f"{setting} would verify {tokens} tokens per forward, needing ~{need:.1f} GiB; {free:.1f} "

@@ -24,6 +24,10 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
             "(num_return_sequences > 1 also counts). Loop over prompts instead."
         )
     if input_ids.shape[1] == 0:
+        if model_kwargs.get("inputs_embeds") is not None:
+            raise ValueError("inputs_embeds without input_ids is not supported by hf_jetspec decoding (the drafters "
+                             "read the prompt's tokens): pass input_ids (with inputs_embeds if the embeddings differ "
+                             "from the token embeddings).")
         raise ValueError("The prompt is empty: give at least one token.")
     if synced_gpus:
         raise ValueError("synced_gpus is not supported by hf_jetspec decoding.")
