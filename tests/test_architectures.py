@@ -233,3 +233,84 @@ def test_sliding_window_sampling_is_plain_sampling_draw_for_draw(kind):
             torch.manual_seed(seed)
             out = model.generate(prompt, **kwargs, **extra_kwargs)
             assert_same_tokens(plain, out, f"[{kind} {name} seed={seed}]")
+
+
+# RoPE whose frequencies depend on the forward's longest position (hf_jetspec.rope): Phi-3's longrope switches from
+# short to long factors at original_max_position_embeddings (and generate() recomputes the sequence there); dynamic
+# NTK rescales at every new position past max_position_embeddings.
+ROPE = {
+    "longrope": ("phi3", dict(max_position_embeddings=64, original_max_position_embeddings=16, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.1, 1.2, 1.3],
+        long_factor=[2.0, 3.0, 4.0, 5.0], original_max_position_embeddings=16))),
+    "dynamic": ("llama", dict(max_position_embeddings=24, rope_parameters=dict(rope_type="dynamic", factor=2.0,
+                                                                                rope_theta=10000.0))),
+}
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_rope_switch_targets_are_lossless(case):
+    """Generations that cross the switch, from prompts before it, just before it and (longrope) at and past it:
+    every strategy returns plain greedy's tokens. Dynamic NTK keeps its frequencies in the rotary module between
+    calls and resets them only for a prompt shorter than the switch, so from a longer prompt even two plain
+    generate() calls differ: those prompts are not compared."""
+    rng = random.Random(case)
+    kind = ("longrope", "dynamic")[case % 2]
+    model_type, extra = ROPE[kind]
+    model = make(model_type, seed=case, **extra)
+    switch = hf_jetspec.rope.rope_switch(model)
+    assert switch == hf_jetspec.rope.RopeSwitch(16 if kind == "longrope" else 24, per_position=kind == "dynamic")
+    lengths = [rng.randint(1, 10), switch.position - 1] + [switch.position, switch.position + 3] * (kind == "longrope")
+    prompt_len = lengths[case // 2 % len(lengths)]
+    prompt = torch.randint(3, VOCAB, (1, prompt_len), generator=torch.Generator().manual_seed(case))
+    max_new = rng.randint(30, 40)
+    free_run = greedy_reference(model, prompt, max_new_tokens=max_new)
+    for name, kwargs in strategies(model, free_run, seed=case).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=max_new, **kwargs)
+        assert_same_tokens(free_run, out, f"[{kind} prompt {prompt_len} {name}]")
+
+
+def test_rope_switch_limits_forwards_not_speed_elsewhere():
+    """Only the RoPE types that need it are limited; an oracle still accepts whole blocks before a longrope switch
+    and after it, and after a dynamic-NTK switch every step verifies the anchor alone."""
+    from hf_jetspec.rope import RopeSwitch, positions_left, rope_switch
+
+    for rope_type in ("default", "linear", "yarn"):
+        extra = {} if rope_type == "default" else dict(rope_parameters=dict(rope_type=rope_type, factor=2.0,
+                                                                            rope_theta=10000.0))
+        assert rope_switch(make("llama", seed=0, max_position_embeddings=24, **extra)) is None
+    assert positions_left(None, 100) is None
+    assert [positions_left(RopeSwitch(16, False), p) for p in (0, 10, 15, 16, 40)] == [15, 5, 0, None, None]
+    assert [positions_left(RopeSwitch(16, True), p) for p in (10, 15, 16, 40)] == [5, 0, 0, 0]
+    for kind in ("longrope", "dynamic"):
+        model = make(ROPE[kind][0], seed=1, **ROPE[kind][1])
+        prompt = torch.randint(3, VOCAB, (1, 4), generator=torch.Generator().manual_seed(1))
+        free_run = greedy_reference(model, prompt, max_new_tokens=48)
+        out = model.generate(prompt, do_sample=False, max_new_tokens=48, custom_generate=hf_jetspec.jetspec_generate,
+                             drafter=hf_jetspec.OracleDrafter(free_run, VOCAB, 6), tree_budget=8, retrieval=False,
+                             return_dict_in_generate=True)
+        assert_same_tokens(free_run, out.sequences, kind)
+        accepted, position = out.accept_lengths, prompt.shape[1]
+        steps = []
+        for length in accepted:  # the anchor of each step sits at `position`
+            steps.append((position, length))
+            position += length
+        before = [n for p, n in steps if p < 16]
+        after = [n for p, n in steps if p >= 25]
+        assert max(before) == 6 and all(p + n <= (16 if kind == "longrope" else 24) for p, n in steps if p < 16)
+        assert (max(after) == 6) if kind == "longrope" else set(after) == {1}
+
+
+@pytest.mark.parametrize("kind", ["longrope", "dynamic"])
+def test_rope_switch_sampling_is_plain_sampling_draw_for_draw(kind):
+    model = make(ROPE[kind][0], seed=11, **ROPE[kind][1])
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(11))
+    kwargs = dict(do_sample=True, temperature=0.8, top_k=20, max_new_tokens=30)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        plain = model.generate(prompt, **kwargs)
+        for name, extra_kwargs in [("jetspec", dict(custom_generate=hf_jetspec.jetspec_generate, retrieval=False,
+                                                    drafter=ScrambledOracle(plain, VOCAB, 6, seed=seed))),
+                                   ("suffix", dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None))]:
+            torch.manual_seed(seed)
+            out = model.generate(prompt, **kwargs, **extra_kwargs)
+            assert_same_tokens(plain, out, f"[{kind} {name} seed={seed}]")

@@ -67,5 +67,10 @@ def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
     ``model_kwargs`` is what ``generate()`` handed to the decoding method (cache included); it is not modified.
     """
     inputs = model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **model_kwargs)
+    for key in ("cache", "past_key_values"):
+        if model_kwargs.get(key) is not None and inputs.get(key) is None:
+            # The model dropped the (still empty) cache, as Phi-3 does for a prompt past its longrope switch:
+            # generate() then takes the cache the forward creates; the loops keep theirs, so fill that one.
+            inputs[key] = model_kwargs[key]
     out = model(**inputs, return_dict=True)
     return out.logits[:, -1].to(dtype=torch.float32, copy=True)

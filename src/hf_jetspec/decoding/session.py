@@ -27,6 +27,7 @@ from ..attention import plan_tree_attention
 from ..cache import cache_kwarg, keep_positions, room_left
 from ..features import FeatureTap
 from ..outputs import DecodingStats, Timer
+from ..rope import positions_left, rope_switch
 from ..tokens import TokenSelector, TokenWriter, remaining_tokens
 from ..tree import DraftTree
 from ..verify import verify_tree
@@ -50,9 +51,11 @@ class DecodingSession:
         self.writer = TokenWriter(input_ids, stopping_criteria, generation_config, streamer, token_streamer)
         self.timer, self.stats = Timer(input_ids.device), DecodingStats()
         self.tap = FeatureTap(model, layer_ids)
+        self.rope = rope_switch(model)
         self.features: torch.Tensor | None = None  # [n, F]: tapped states of the latest forward's positions
         self._start = 0.0
         self._verified_prefix: int | None = None
+        self._refill: tuple[int, dict | None] | None = None  # (prefix, inputs) of `_refill_inputs`
 
     def __enter__(self) -> "DecodingSession":
         self.tap.__enter__()
@@ -91,7 +94,11 @@ class DecodingSession:
         """The deepest draft worth verifying: a step commits at most depth + 1 tokens (``max_length`` bounds them),
         and a chain that deep must fit the cache."""
         left = remaining_tokens(self.writer, self.generation_config) - 1
-        return max(0, min(left, self.node_room(left + 1) - 1))
+        depth = max(0, min(left, self.node_room(left + 1) - 1))
+        rope_left = positions_left(self.rope, self.prefix)  # a forward must not straddle a RoPE switch
+        if rope_left is not None:
+            depth = min(depth, rope_left)
+        return 0 if self._refill_inputs() is not None else depth
 
     @contextmanager
     def drafting(self):
@@ -120,8 +127,16 @@ class DecodingSession:
         raw logits at every node ``[N, V]``. `features` then holds the nodes' tapped states ``[N, F]``."""
         start = self.timer.now()
         self._verified_prefix = self.prefix
-        logits = verify_tree(self.model, tree, self.cache, self._verified_prefix, self.plan, self.cache_key)
-        self.features = self._tapped()
+        refill = self._refill_inputs()
+        if refill is not None:  # at a longrope switch generate() recomputes the whole sequence: so do we
+            if len(tree) != 1:
+                raise ValueError("At a RoPE switch the step verifies the anchor alone (session.max_depth() is 0).")
+            keep_positions(self.cache, 0, [])
+            logits = self.model(**{**refill, self.cache_key: self.cache}, return_dict=True).logits[0, -1:]
+            self.features = None if (tapped := self._tapped()) is None else tapped[-1:]
+        else:
+            logits = verify_tree(self.model, tree, self.cache, self._verified_prefix, self.plan, self.cache_key)
+            self.features = self._tapped()
         self.stats.target_time += self.timer.now() - start
         return logits
 
@@ -137,6 +152,18 @@ class DecodingSession:
         """The ``generate()`` result: sequences, or a `JetSpecGenerateOutput` with ``stats``."""
         self.stats.total_time = self.timer.now() - self._start
         return self.writer.result(self.generation_config, self.cache, self.stats)
+
+    def _refill_inputs(self) -> dict | None:
+        """At a longrope switch (the anchor at ``original_max_position_embeddings``, the cache holding the positions
+        before it), the inputs ``generate()`` runs when the model's ``prepare_inputs_for_generation`` drops the
+        cache there (Phi-3 does: the whole sequence again, now with the long factors); else None."""
+        if self.rope is None or self.rope.per_position or self.prefix != self.rope.position:
+            return None
+        if self._refill is None or self._refill[0] != self.prefix:
+            inputs = self.model.prepare_inputs_for_generation(self.ids, **{self.cache_key: self.cache}, use_cache=True)
+            dropped = inputs.get(self.cache_key, inputs.get("past_key_values")) is None
+            self._refill = (self.prefix, inputs if dropped else None)
+        return self._refill[1]
 
     def _tapped(self) -> torch.Tensor | None:
         features = self.tap.features()
