@@ -195,6 +195,37 @@ def test_h_layer_targets(model_type, extra):
         assert_same_tokens(free_run, out, f"[{model_type} {name}]")
 
 
+@pytest.mark.parametrize("model_type,extra", [
+    ("bloom", dict(n_head=4, n_layer=2)),
+    ("mpt", dict(d_model=32, n_heads=4, n_layers=2, use_cache=True)),
+    ("falcon", dict(new_decoder_architecture=False, alibi=True)),
+])
+def test_alibi_targets_are_refused(model_type, extra):
+    """ALiBi biases come from cache slots (Bloom: from the 2D mask), not from the position ids a tree step passes:
+    MPT's merged trees returned other tokens than plain greedy, Bloom crashed on the 4D mask. Every strategy now
+    refuses them by name."""
+    model = make(model_type, seed=9, **extra)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(9))
+    free_run = greedy_reference(model, prompt, max_new_tokens=8)
+    for name, kwargs in strategies(model, free_run, seed=9).items():
+        if name == "jetspec-head":
+            continue  # needs layers to tap; MPT's are `.blocks`
+        with pytest.raises(ValueError, match="uses ALiBi position biases"):
+            model.generate(prompt, do_sample=False, max_new_tokens=8, **kwargs)
+
+
+def test_use_cache_false_by_the_models_own_config_is_named():
+    """MPT's config defaults to use_cache=False: the error says where that can come from and what to pass."""
+    model = make("llama", seed=9, use_cache=False)
+    model.generation_config.use_cache = False
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(9))
+    with pytest.raises(ValueError, match="use_cache is False .*generation_config.*pass use_cache=True"):
+        model.generate(prompt, do_sample=False, max_new_tokens=8, custom_generate=hf_jetspec.jacobi_generate)
+    out = model.generate(prompt, do_sample=False, max_new_tokens=8, use_cache=True,
+                         custom_generate=hf_jetspec.jacobi_generate)
+    assert_same_tokens(greedy_reference(model, prompt, max_new_tokens=8, use_cache=True), out)
+
+
 def test_multimodal_target_on_text():
     """Gemma 3 with its vision tower (``Gemma3ForConditionalGeneration``): token ids, windows and layers live on the
     text config and the language model; text prompts decode losslessly with every strategy."""

@@ -64,6 +64,17 @@ def sliding_window(model) -> tuple[int | None, bool]:
     return window, "full_attention" in kinds
 
 
+def check_position_encoding(model) -> None:
+    """Raise ``ValueError`` for ALiBi targets (Bloom, MPT, Falcon with ``alibi=True``): their position biases come
+    from cache slots (or a 2D padding mask), and a tree's nodes occupy other slots than their positions."""
+    config = model.config.get_text_config(decoder=True)
+    alibi = bool(getattr(config, "alibi", False)) or bool(getattr(getattr(config, "attn_config", None), "alibi", False))
+    if alibi or getattr(config, "model_type", None) == "bloom":
+        raise ValueError(f"{type(model).__name__} uses ALiBi position biases, which transformers computes from cache "
+                         "slots: a verification tree's nodes sit at other slots than their positions, so hf_jetspec "
+                         "cannot verify drafts on this model (RoPE and learned absolute positions are supported).")
+
+
 def current_implementation(model) -> str:
     return model.config.get_text_config()._attn_implementation or "eager"
 

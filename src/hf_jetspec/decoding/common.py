@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import sliding_window
+from ..attention import check_position_encoding, sliding_window
 from ..cache import check_cache, full_layers
 
 
@@ -38,9 +38,11 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError("Padded inputs are not supported (batch size 1): pass the prompt without padding.")
     if model.config.is_encoder_decoder:
         raise ValueError("hf_jetspec supports decoder-only models.")
+    check_position_encoding(model)
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     if cache is None or not model_kwargs.get("use_cache", True):
-        raise ValueError("hf_jetspec decoding needs the KV cache: do not pass use_cache=False.")
+        raise ValueError("hf_jetspec decoding needs the KV cache, but use_cache is False (passed to generate(), or "
+                         "the default of the model's generation_config / config): pass use_cache=True.")
     if getattr(cache, "offloading", False):
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
     check_cache(full_layers(cache, sliding_window(model)[0]))
