@@ -64,6 +64,12 @@ def test_head_carries_its_datastore_and_calibration(tmp_path):
     plain = JetSpecHead.for_target(model, block_size=4, num_hidden_layers=1)
     plain.save_pretrained(tmp_path / "plain")
     assert JetSpecHead.from_pretrained(tmp_path / "plain").datastore is None
+    # A head in a repository's subfolder brings its datastore and calibration too (they were looked up at the top).
+    head.save_pretrained(tmp_path / "repo" / "heads" / "small")
+    nested = JetSpecHead.from_pretrained(tmp_path / "repo", subfolder="heads/small")
+    assert nested.datastore.num_tokens == 7 and nested.calibration.node_cost == 0.04
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        JetSpecHead.from_pretrained(tmp_path / "repo", subfolder="heads/missing")
 
 
 def test_a_datastore_for_another_vocabulary_is_refused():

@@ -251,7 +251,9 @@ class JetSpecHead(PreTrainedModel):
 
         name = pretrained_model_name_or_path
         folder = local_folder(name, "JetSpec head")
-        if folder is not None and not kwargs.get("subfolder"):
+        if folder is not None:
+            if kwargs.get("subfolder"):
+                folder = local_folder(folder / kwargs["subfolder"], "JetSpec head")
             check_head_folder(folder, cls)
         want_info = kwargs.pop("output_loading_info", False)
         try:
@@ -276,7 +278,7 @@ class JetSpecHead(PreTrainedModel):
             raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {name!s}: {problems}")
         from .retrieval import load_retrieval_assets
 
-        model.datastore, model.calibration = load_retrieval_assets(name)
+        model.datastore, model.calibration = load_retrieval_assets(name, **kwargs)
         return (model, info) if want_info else model
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:

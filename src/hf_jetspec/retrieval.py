@@ -50,22 +50,26 @@ class RetrievalDrafter:
         return found
 
 
-def load_retrieval_assets(path: str | Path | None) -> tuple[CorpusIndex | None, Calibration | None]:
+def load_retrieval_assets(path: str | Path | None, **hub) -> tuple[CorpusIndex | None, Calibration | None]:
     """The datastore (``datastore.safetensors``) and calibration (``calibration.json``) stored in a head's folder or
-    Hub repo, each None when absent."""
+    Hub repo, each None when absent. ``hub``: the ``from_pretrained`` options that say where the head's files are
+    (``subfolder``, ``revision``, ``cache_dir``, ``token``, ``local_files_only``; others are ignored)."""
     if path is None:
         return None, None
     from transformers.utils import cached_file
 
+    hub = {k: hub[k] for k in ("subfolder", "revision", "cache_dir", "token", "local_files_only") if hub.get(k)}
+    folder = Path(path) / hub.get("subfolder", "")
+
     def find(name: str) -> str | None:
-        local = Path(path) / name
+        local = folder / name
         if local.is_file():
             return str(local)
         if Path(path).is_dir():
             return None
         try:
             return cached_file(str(path), name, _raise_exceptions_for_missing_entries=False,
-                               _raise_exceptions_for_connection_errors=False)
+                               _raise_exceptions_for_connection_errors=False, **hub)
         except (OSError, ValueError):
             return None
 
