@@ -160,7 +160,9 @@ class DecodingSession:
         if self.rope is None or self.rope.per_position or self.prefix != self.rope.position:
             return None
         if self._refill is None or self._refill[0] != self.prefix:
-            inputs = self.model.prepare_inputs_for_generation(self.ids, **{self.cache_key: self.cache}, use_cache=True)
+            keep = {k: self.model_kwargs[k] for k in ("logits_to_keep",) if k in self.model_kwargs}  # as prefill
+            inputs = self.model.prepare_inputs_for_generation(self.ids, **{self.cache_key: self.cache}, use_cache=True,
+                                                              **keep)
             dropped = inputs.get(self.cache_key, inputs.get("past_key_values")) is None
             self._refill = (self.prefix, inputs if dropped else None)
         return self._refill[1]
