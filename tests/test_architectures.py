@@ -9,7 +9,9 @@ import random
 
 import pytest
 import torch
+import transformers
 from helpers import ScrambledOracle, assert_same_tokens, greedy_reference
+from packaging.version import Version
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache
 
 import hf_jetspec
@@ -278,6 +280,17 @@ ROPE = {
 }
 
 
+# transformers 5.17's Phi-3 generate() is itself broken past the switch: its prepare_inputs drops the cache but
+# still feeds only the newest token, and does so at every later step (each forward sees one token). 5.24 recomputes
+# the sequence; hf_jetspec does what 5.24 does, so on older versions there is nothing to compare with.
+LONGROPE_COMPARABLE = Version(transformers.__version__) >= Version("5.24")
+
+
+def skip_broken_longrope(kind: str) -> None:
+    if kind == "longrope" and not LONGROPE_COMPARABLE:
+        pytest.skip("Phi-3 generate() past the longrope switch is broken in transformers < 5.24 (seen on 5.17)")
+
+
 @pytest.mark.parametrize("case", range(8))
 def test_rope_switch_targets_are_lossless(case):
     """Generations that cross the switch, from prompts before it, just before it and (longrope) at and past it:
@@ -286,6 +299,7 @@ def test_rope_switch_targets_are_lossless(case):
     generate() calls differ: those prompts are not compared."""
     rng = random.Random(case)
     kind = ("longrope", "dynamic")[case % 2]
+    skip_broken_longrope(kind)
     model_type, extra = ROPE[kind]
     model = make(model_type, seed=case, **extra)
     switch = hf_jetspec.rope.rope_switch(model)
@@ -312,7 +326,7 @@ def test_rope_switch_limits_forwards_not_speed_elsewhere():
     assert positions_left(None, 100) is None
     assert [positions_left(RopeSwitch(16, False), p) for p in (0, 10, 15, 16, 40)] == [15, 5, 0, None, None]
     assert [positions_left(RopeSwitch(16, True), p) for p in (10, 15, 16, 40)] == [5, 0, 0, 0]
-    for kind in ("longrope", "dynamic"):
+    for kind in ("longrope", "dynamic") if LONGROPE_COMPARABLE else ("dynamic",):
         model = make(ROPE[kind][0], seed=1, **ROPE[kind][1])
         prompt = torch.randint(3, VOCAB, (1, 4), generator=torch.Generator().manual_seed(1))
         free_run = greedy_reference(model, prompt, max_new_tokens=48)
@@ -333,6 +347,7 @@ def test_rope_switch_limits_forwards_not_speed_elsewhere():
 
 @pytest.mark.parametrize("kind", ["longrope", "dynamic"])
 def test_rope_switch_sampling_is_plain_sampling_draw_for_draw(kind):
+    skip_broken_longrope(kind)
     model = make(ROPE[kind][0], seed=11, **ROPE[kind][1])
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(11))
     kwargs = dict(do_sample=True, temperature=0.8, top_k=20, max_new_tokens=30)
