@@ -11,6 +11,7 @@ from helpers import assert_same_tokens, greedy_reference, jetspec, make_target
 from safetensors.torch import save_file
 from transformers import AutoModel
 
+import hf_jetspec
 from hf_jetspec import JetSpecConfig, JetSpecHead
 from hf_jetspec.head import HeadContext
 
@@ -40,6 +41,11 @@ def test_wrong_target_is_refused(change, message):
     other = make_target("qwen3", **change)
     with pytest.raises(ValueError, match=message):
         jetspec(other, torch.tensor([[5, 6, 7]]), draft_head=head, max_new_tokens=4)
+    # The assistant_model route says the same (for another vocabulary generate()'s own check used to ask for a
+    # second tokenizer first).
+    with pytest.raises(ValueError, match=f"made for another target.*{message}"):
+        hf_jetspec.enable(other).generate(torch.tensor([[5, 6, 7]]), do_sample=False, max_new_tokens=4,
+                                          assistant_model=head)
 
 
 def test_model_type_mismatch_is_refused():

@@ -2,7 +2,8 @@
 
 ``enable(model)`` gives this one model object a subclass of its own class whose ``_assisted_decoding`` (the method
 ``generate()`` dispatches to when ``assistant_model`` is set) runs JetSpec tree decoding when the assistant is a
-`JetSpecHead`, and HF's own assisted decoding otherwise. ``generate`` itself is not touched, other instances and
+`JetSpecHead`, and HF's own assisted decoding otherwise; its ``_validate_generation_mode`` first checks that the head
+was made for this target (generate()'s own check would otherwise ask a mismatched head for a second tokenizer). ``generate`` itself is not touched, other instances and
 the class are not touched, and the class name is kept (``save_pretrained`` writes the same ``architectures``).
 Tree settings come from the head's config (``head.config.tree_budget`` / ``tree_width``).
 """
@@ -30,6 +31,14 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
     )
 
 
+def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
+    assistant = generation_mode_kwargs.get("assistant_model") if isinstance(generation_mode_kwargs, dict) else None
+    if isinstance(assistant, JetSpecHead):  # before generate()'s own check, which would ask for two tokenizers
+        assistant.check_target(self)
+    return super(type(self), self)._validate_generation_mode(generation_mode, generation_config,
+                                                             generation_mode_kwargs, *args, **kwargs)
+
+
 def enable(model):
     """Let ``model.generate(..., assistant_model=head)`` accept `JetSpecHead` s. Returns ``model`` (idempotent)."""
     cls = type(model)
@@ -39,7 +48,8 @@ def enable(model):
         _SUBCLASSES[cls] = type(
             cls.__name__,
             (cls,),
-            {"_assisted_decoding": _assisted_decoding, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+            {"_assisted_decoding": _assisted_decoding, "_validate_generation_mode": _validate_generation_mode,
+             "__module__": cls.__module__, "__qualname__": cls.__qualname__},
         )
     model.__class__ = _SUBCLASSES[cls]
     return model
