@@ -115,16 +115,17 @@ class DraftTree:
         return (self.depths + prefix_len)[None]
 
     def attention_mask(self, prefix_len: int, dtype: torch.dtype, key_len: int | None = None,
-                       window: int | None = None) -> torch.Tensor:
+                       window: int | None = None, ancestors: torch.Tensor | None = None) -> torch.Tensor:
         """Additive mask ``[1, 1, N, key_len]`` over [KV prefix ; tree ; unused slots]: the prefix is visible,
         a tree node sees its ancestors and itself. ``key_len`` defaults to prefix + N (a StaticCache passes its
         full length; slots past the tree stay masked). ``window``: a sliding-window layer's, where a node at
-        position p sees only keys at positions > p - window (transformers' sliding-window mask)."""
+        position p sees only keys at positions > p - window (transformers' sliding-window mask). ``ancestors``:
+        `ancestors()` when the caller already has it (several masks of one tree)."""
         n = len(self)
         key_len = prefix_len + n if key_len is None else key_len
         visible = torch.zeros(n, key_len, dtype=torch.bool, device=self.tokens.device)
         visible[:, :prefix_len] = True
-        visible[:, prefix_len : prefix_len + n] = self.ancestors()
+        visible[:, prefix_len : prefix_len + n] = self.ancestors() if ancestors is None else ancestors
         if window is not None:
             query = self.position_ids(prefix_len)[0]  # [N]
             key = torch.arange(key_len, device=self.tokens.device)

@@ -24,9 +24,11 @@ def verify_tree(
         mask = None
     else:
         key_len = mask_key_length(cache, prefix_len, len(tree))
-        mask = tree.attention_mask(prefix_len, model.dtype, key_len, window=plan.window)
+        ancestors = tree.ancestors()
+        mask = tree.attention_mask(prefix_len, model.dtype, key_len, window=plan.window, ancestors=ancestors)
         if plan.mixed:  # one mask per layer kind, the form hybrid models take (`causal_mask_mapping`)
-            mask = {"full_attention": tree.attention_mask(prefix_len, model.dtype, key_len), "sliding_attention": mask}
+            full = tree.attention_mask(prefix_len, model.dtype, key_len, ancestors=ancestors)
+            mask = {"full_attention": full, "sliding_attention": mask}
     with attention_implementation(model, plan.implementation):
         out = model(input_ids=tree.tokens[None], attention_mask=mask, **kwargs)
     return out.logits[0]
