@@ -96,19 +96,24 @@ def test_mixed_window_target_with_a_static_cache(kind):
     assert_same_tokens(free_run, out, f"[{kind} static]")
 
 
-def test_static_cache_of_sliding_layers_only():
+@pytest.mark.parametrize("window", [4, 7, 64])
+def test_static_cache_of_sliding_layers_only(window):
     """Every layer slides: a window at least as long as the generation is a full cache already; a shorter one has
-    lost the cache's length, so the call names the fix instead of failing inside the model."""
-    long_window = make("mistral", seed=4, sliding_window=64)
+    lost the cache's length, which the call's max_length (prompt + new tokens) gives back. Every strategy, with
+    trees reaching the cache's end."""
+    model = make("mistral", seed=4, sliding_window=window)
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
-    free_run = greedy_reference(long_window, prompt, max_new_tokens=20)
-    out = long_window.generate(prompt, do_sample=False, max_new_tokens=20, cache_implementation="static",
-                               custom_generate=hf_jetspec.jacobi_generate)
-    assert_same_tokens(free_run, out, "[mistral static, window 64]")
-    short_window = make("mistral", seed=4, sliding_window=4)
-    with pytest.raises(ValueError, match="cache_implementation='dynamic'"):
-        short_window.generate(prompt, do_sample=False, max_new_tokens=20, cache_implementation="static",
-                              custom_generate=hf_jetspec.jacobi_generate)
+    free_run = greedy_reference(model, prompt, max_new_tokens=26)
+    for name, kwargs in strategies(model, free_run, seed=4).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=26, cache_implementation="static", **kwargs)
+        assert_same_tokens(free_run, out, f"[mistral static, window {window}, {name}]")
+    # Without a length to take (a bare cache), the call names the fix instead of failing inside the model.
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    assert all(type(layer).__name__ == "StaticSlidingWindowLayer" for layer in cache.layers) or window >= 32
+    if window < 32:
+        with pytest.raises(ValueError, match="cache_implementation='dynamic'"):
+            full_layers(cache, window)
+        assert all(layer.max_cache_len == 40 for layer in full_layers(cache, window, max_length=40).layers)
 
 
 def random_tree(rng: random.Random, size: int) -> DraftTree:
@@ -135,8 +140,6 @@ def path_tokens(tree: DraftTree, node: int) -> list[int]:
 def test_tree_logits_match_plain_forwards_of_each_path(kind, cache_kind):
     """The verified logits at every node of a random deep tree equal a plain forward of prefix + that node's
     path: the window is applied to prefix keys and to ancestors alike."""
-    if kind == "mistral" and cache_kind == "static":
-        pytest.skip("a static cache of sliding layers only is refused (test above)")
     window = 4
     model_type, extra = windowed(kind, window)
     model = make(model_type, seed=5, **extra)
@@ -146,7 +149,7 @@ def test_tree_logits_match_plain_forwards_of_each_path(kind, cache_kind):
     prefix = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(5))
     cache = DynamicCache(config=model.config) if cache_kind == "dynamic" else \
         StaticCache(config=model.config, max_cache_len=64)
-    cache = full_layers(cache, sliding_window(model)[0])
+    cache = full_layers(cache, sliding_window(model)[0], max_length=64)
     key = cache_kwarg(model)
     with torch.no_grad():
         model(input_ids=prefix, use_cache=True, **{key: cache})

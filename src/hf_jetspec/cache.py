@@ -29,16 +29,17 @@ def pop_cache(model_kwargs: dict):
     return cache if cache is not None else legacy
 
 
-def full_layers(cache, window: int | None):
+def full_layers(cache, window: int | None, max_length: int | None = None):
     """Turn the empty sliding-window layers of a DynamicCache or StaticCache (what ``generate()`` builds for
     Mistral, Gemma 2/3, ...) into full layers, in place, and return the cache.
 
     A sliding layer drops keys older than its window, in a ring buffer a tree step cannot rewind; a full layer
     keeps every position, and the window is applied by the attention mask instead (the model's own masks on
     ordinary forwards, `hf_jetspec.tree.DraftTree.attention_mask` on tree steps). The cache then grows with the
-    sequence like a full-attention model's. ``window``: the model's sliding window (None: nothing to do). A
-    StaticCache of sliding layers only whose window is shorter than the generation cannot be made full (its
-    length is lost): ``ValueError``.
+    sequence like a full-attention model's. ``window``: the model's sliding window (None: nothing to do). The
+    full static layers take the length of the StaticCache's full layers; a StaticCache of sliding layers only
+    (whose window is shorter than the generation) has lost that length, so it takes ``max_length`` (the call's
+    prompt + new tokens), and without one raises ``ValueError``.
     """
     if window is None or not isinstance(cache, (DynamicCache, StaticCache)) or cache.get_seq_length() != 0:
         return cache  # check_cache names any problem
@@ -46,15 +47,16 @@ def full_layers(cache, window: int | None):
                     if isinstance(layer, StaticLayer) and not isinstance(layer, _WINDOW_LAYERS)), default=None)
     if full_len is None:  # sliding layers only: their length is min(window, the cache's length)
         full_len = next((layer.max_cache_len for layer in cache.layers if type(layer) is StaticSlidingWindowLayer
-                         and layer.max_cache_len < window), None)
+                         and layer.max_cache_len < window), max_length)
     for i, layer in enumerate(cache.layers):  # exact types: hybrid linear + window layers stay (and are refused)
         if type(layer) is DynamicSlidingWindowLayer:
             cache.layers[i] = DynamicLayer()
         elif type(layer) is StaticSlidingWindowLayer:
             if full_len is None:
                 raise ValueError(
-                    "A StaticCache of sliding-window layers only cannot hold tree steps (each layer keeps only its "
-                    "window): pass cache_implementation='dynamic' (or no cache argument)."
+                    "A StaticCache of sliding-window layers only keeps only its window, and no max_length says how "
+                    "long the full layers tree steps need must be: pass cache_implementation='dynamic' (or no "
+                    "cache argument)."
                 )
             cache.layers[i] = StaticLayer(max_cache_len=full_len)
     return cache

@@ -45,7 +45,7 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
                          "the default of the model's generation_config / config): pass use_cache=True.")
     if getattr(cache, "offloading", False):
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
-    check_cache(full_layers(cache, sliding_window(model)[0]))
+    check_cache(full_layers(cache, sliding_window(model)[0], getattr(generation_config, "max_length", None)))
     return cache
 
 
