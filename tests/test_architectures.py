@@ -363,3 +363,46 @@ def test_rope_switch_sampling_is_plain_sampling_draw_for_draw(kind):
             torch.manual_seed(seed)
             out = model.generate(prompt, **kwargs, **extra_kwargs)
             assert_same_tokens(plain, out, f"[{kind} {name} seed={seed}]")
+
+
+# Other decoder-only families transformers ships, as tiny random configs: each must run every strategy losslessly
+# (a regression net for transformers upgrades; model types an installed version lacks are skipped).
+ZOO = {
+    "qwen2": dict(),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32),
+    "olmo2": dict(),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "granite": dict(logits_scaling=4.0, embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "cohere": dict(logit_scale=0.5),
+    "stablelm": dict(partial_rotary_factor=0.5),
+    "gemma": dict(head_dim=8),
+    "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8,
+                        qk_nope_head_dim=8, v_head_dim=8, head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+                        first_k_dense_replace=1, moe_intermediate_size=32, n_group=1, topk_group=1),
+    "smollm3": dict(),
+    "glm4": dict(),
+    "helium": dict(head_dim=8),
+    "nemotron": dict(),
+    "gpt_neox": dict(),
+    "gptj": dict(n_embd=32, n_head=4, n_layer=3, rotary_dim=4),
+    "codegen": dict(n_embd=32, n_head=4, n_layer=3, rotary_dim=4),
+    "opt": dict(ffn_dim=64, word_embed_proj_dim=32),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(ZOO))
+def test_architecture_zoo(model_type):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
+    model = make(model_type, seed=12, max_position_embeddings=128, **ZOO[model_type])
+    rng = random.Random(model_type)
+    prompt = torch.randint(3, VOCAB, (1, rng.randint(2, 10)), generator=torch.Generator().manual_seed(12))
+    free_run = greedy_reference(model, prompt, max_new_tokens=24)
+    for name, kwargs in strategies(model, free_run, seed=12).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=24, **kwargs)
+        assert_same_tokens(free_run, out, f"[{model_type} {name}]")
