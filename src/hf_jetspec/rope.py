@@ -48,17 +48,21 @@ def rope_switch(model) -> RopeSwitch | None:
     switches = []
     for module in model.modules():
         for kind, params in _rope_types(module):
+            config = getattr(module, "config", None)
             if "dynamic" in kind:
-                limit = getattr(module, "original_max_seq_len", None)
-                if limit is None:
-                    limit = module.config.max_position_embeddings
-                switches.append(RopeSwitch(int(limit), True))
+                limit = getattr(module, "original_max_seq_len", None) or getattr(config, "max_position_embeddings", None)
+                per_position = True
             elif kind == "longrope":
-                limit = params.get("original_max_position_embeddings")
-                if limit is None:
-                    limit = getattr(module.config, "original_max_position_embeddings", None)
-                if limit is not None:
-                    switches.append(RopeSwitch(int(limit), False))
+                limit = params.get("original_max_position_embeddings") or \
+                    getattr(config, "original_max_position_embeddings", None)
+                per_position = False
+            else:
+                continue
+            if limit is None:
+                raise ValueError(f"{type(model).__name__} uses {kind} RoPE but its rotary embedding names no original "
+                                 "length (original_max_position_embeddings / max_position_embeddings): hf_jetspec "
+                                 "cannot tell where its frequencies change.")
+            switches.append(RopeSwitch(int(limit), per_position))
     if not switches:
         return None
     per_position = any(s.per_position for s in switches)
