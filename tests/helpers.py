@@ -7,7 +7,15 @@ from __future__ import annotations
 import itertools
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+    StoppingCriteria,
+)
 
 import hf_jetspec
 
@@ -38,6 +46,16 @@ def make_target(family: str, seed: int = 0, vocab: int = 128, layers: int = 4, h
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+class StopAfterToken(StoppingCriteria):
+    """Stops a row once its last token is ``token`` (a per-row criterion, as ``generate()`` calls them)."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
 
 
 class ScrambledOracle:

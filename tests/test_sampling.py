@@ -1,7 +1,7 @@
 """Sampling is exact: JetSpec (tree and chain, "sample, then match" and recursive rejection) draws from the target's
 processed distribution, checked with chi-squared tests on 20k continuations drawn through the real
 ``jetspec_generate`` loop against the exact joint enumerated from a tiny target; plus the RRS building blocks,
-seeded reproducibility (JetSpec, Jacobi, speculative Jacobi) and the num_return_sequences refusal.
+seeded reproducibility (JetSpec, Jacobi, speculative Jacobi) and num_return_sequences (one call per row).
 
 Each continuation is one real loop call (prefill, drafting, tree verification, cache compaction, the walk). To make
 20k calls affordable the loop is called directly with the arguments ``generate()`` would hand it (captured once per
@@ -366,11 +366,15 @@ def test_generator_makes_sampling_reproducible(name):
 
 
 @pytest.mark.parametrize("name", ["jetspec-match", "jetspec-rrs", "jacobi", "spec-jacobi"])
-def test_num_return_sequences_is_refused(name):
-    model = small_pair()[0]
-    with pytest.raises(ValueError, match="num_return_sequences"):
-        model.generate(torch.tensor([[5, 6, 7]]), do_sample=True, num_return_sequences=2, max_new_tokens=5,
-                       **strategies()[name])
+def test_num_return_sequences_draws_each_row_as_its_own_call(name):
+    """num_return_sequences=3 runs the loop once per row (`hf_jetspec.decoding.rows`): with the same generator the
+    rows are exactly three single-sequence calls in a row, and they differ from each other."""
+    model, prompt = small_pair()[0], torch.tensor([[5, 6, 7]])
+    kwargs = dict(do_sample=True, temperature=1.0, max_new_tokens=16, **strategies()[name])
+    rows = model.generate(prompt, num_return_sequences=3, generator=torch.Generator().manual_seed(4), **kwargs)
+    generator = torch.Generator().manual_seed(4)
+    singles = [model.generate(prompt, generator=generator, **kwargs)[0].tolist() for _ in range(3)]
+    assert rows.tolist() == singles and len({tuple(r) for r in singles}) == 3
 
 
 # ------------------------------------------------------------------------------------------------------- bench

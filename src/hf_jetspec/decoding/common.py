@@ -20,8 +20,8 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
                          "without hf_jetspec.")
     if input_ids.shape[0] != 1:
         raise ValueError(
-            f"hf_jetspec decodes one sequence at a time; got batch size {input_ids.shape[0]} "
-            "(num_return_sequences > 1 also counts). Loop over prompts instead."
+            f"A decoding session follows one sequence; got batch size {input_ids.shape[0]}. The decoding loops take "
+            "batches row by row (hf_jetspec.decoding.rows.per_row)."
         )
     if input_ids.shape[1] == 0:
         if model_kwargs.get("inputs_embeds") is not None:
@@ -35,7 +35,8 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError("output_attentions / output_hidden_states are not supported by hf_jetspec decoding.")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool((mask == 1).all()):
-        raise ValueError("Padded inputs are not supported (batch size 1): pass the prompt without padding.")
+        raise ValueError("Padded inputs are not supported (a padded prompt, or prompts of different lengths in one "
+                         "batch): pass each prompt on its own, without padding.")
     if model.config.is_encoder_decoder:
         raise ValueError("hf_jetspec supports decoder-only models.")
     check_position_encoding(model)

@@ -25,6 +25,7 @@ import torch
 from ..acceptance import accept_walk
 from ..limits import check_window_limits
 from ..tree import DraftTree
+from .rows import per_row
 from .session import DecodingSession
 
 INITIALISERS = ("pad", "repeat-last", "random", "ngram")
@@ -154,6 +155,7 @@ def leading_matches(guesses: list[int], committed: list[int]) -> int:
     return count
 
 
+@per_row
 def jacobi_generate(
     model,
     input_ids: torch.LongTensor,

@@ -17,6 +17,7 @@ from ..limits import check_tree_limits
 from ..models import as_draft_head
 from ..retrieval import DEFAULT_RETRIEVAL_DEPTH, RetrievalDrafter, resolve_retrieval
 from ..tree import TREE_BUILDERS, DraftTree, merged_tree, sampled_tree
+from .rows import per_row
 from .session import DecodingSession
 
 DEFAULT_TREE_BUDGET = 32
@@ -58,6 +59,7 @@ def log_records(log: list, tree: DraftTree, records: list, visited: list[int]) -
             log.append({"kind": kind, "x": x, "accepted": node in reached})
 
 
+@per_row
 def jetspec_generate(
     model,
     input_ids: torch.LongTensor,

@@ -23,6 +23,7 @@ from ..limits import check_window_limits
 from ..tokens import TokenSelector
 from ..tree import DraftTree
 from .jacobi import leading_matches
+from .rows import per_row
 from .session import DecodingSession
 
 DEFAULT_DRAFT_TOKENS = 5
@@ -89,6 +90,7 @@ def verify_chain(session: DecodingSession, guesses: list[int], q: torch.Tensor |
     return visited, logits.argmax(dim=-1).tolist()
 
 
+@per_row
 def speculative_jacobi_generate(
     model,
     input_ids: torch.LongTensor,
