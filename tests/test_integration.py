@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import ScrambledOracle, StopAfterToken, assert_same_tokens, greedy_reference, jetspec, make_target
-from transformers import StoppingCriteriaList, WatermarkingConfig
+from transformers import StoppingCriteriaList, SynthIDTextWatermarkingConfig, WatermarkingConfig
 from transformers.generation.streamers import BaseStreamer
 
 import hf_jetspec
@@ -104,8 +104,30 @@ def test_stateful_and_length_processors_match_plain_generate(settings):
     model = make_target("llama", seed=4)
     reference = greedy_reference(model, PROMPT, max_new_tokens=30, **settings)
     drafter = ScrambledOracle(reference, 128, 6, seed=1)
-    assert_same_tokens(reference, jetspec(model, PROMPT, drafter=drafter, tree_budget=12, max_new_tokens=30, **settings),
-                       str(settings))
+    out = jetspec(model, PROMPT, drafter=drafter, tree_budget=12, max_new_tokens=30, **settings)
+    assert_same_tokens(reference, out, str(settings))
+
+
+@pytest.mark.parametrize("settings", [
+    dict(guidance_scale=1.5),
+    dict(watermarking_config=SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340], ngram_len=3)),
+])
+def test_stateful_processors_never_see_drafts(settings):
+    """Classifier-free guidance and SynthID keep state from call to call (one call per emitted token): a draft
+    model's tokens scored with them advanced that state, and speculative Jacobi returned other tokens than plain
+    greedy. Drafts are now scored without them (`TokenSelector.for_drafts`); with sampling, recursive rejection
+    (which scores a whole tree's drafts at once) raised a shape error."""
+    model, draft = make_target("llama", seed=4), make_target("llama", seed=9, layers=1)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=25, **settings)
+    assert not torch.equal(reference, greedy_reference(model, PROMPT, max_new_tokens=25))
+    out = model.generate(PROMPT, do_sample=False, max_new_tokens=25, draft_model=draft,
+                         custom_generate=hf_jetspec.speculative_jacobi_generate, **settings)
+    assert_same_tokens(reference, out, str(settings))
+    for kwargs in (dict(custom_generate=hf_jetspec.speculative_jacobi_generate, draft_model=draft),
+                   dict(custom_generate=hf_jetspec.jetspec_generate, sampling_rule="rrs", retrieval=False,
+                        drafter=ScrambledOracle(reference, 128, 6, seed=1))):
+        out = model.generate(PROMPT, do_sample=True, max_new_tokens=25, **kwargs, **settings)
+        assert out.shape == (1, PROMPT.shape[1] + 25) and int(out.max()) < 128
 
 
 @pytest.mark.parametrize("settings", [
@@ -196,8 +218,8 @@ def test_clear_errors():
         jetspec(model, PROMPT, draft_head=head, tree_builder="beam", max_new_tokens=5)
     with pytest.raises(ValueError, match="tree_budget"):
         jetspec(model, PROMPT, draft_head=head, tree_budget=0, max_new_tokens=5)
-    with pytest.raises(ValueError, match="Padded"):
-        jetspec(model, PROMPT, attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]), draft_head=head, max_new_tokens=5)
+    with pytest.raises(ValueError, match="must be left-padded"):
+        jetspec(model, PROMPT, attention_mask=torch.tensor([[1, 1, 1, 1, 1, 0]]), draft_head=head, max_new_tokens=5)
     with pytest.raises(ValueError, match="KV cache"):
         jetspec(model, PROMPT, draft_head=head, use_cache=False, max_new_tokens=5)
     embeds = model.get_input_embeddings()(PROMPT)

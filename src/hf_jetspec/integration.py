@@ -2,10 +2,11 @@
 
 ``enable(model)`` gives this one model object a subclass of its own class whose ``_assisted_decoding`` (the method
 ``generate()`` dispatches to when ``assistant_model`` is set) runs JetSpec tree decoding when the assistant is a
-`JetSpecHead`, and HF's own assisted decoding otherwise; its ``_validate_generation_mode`` first checks that the head
-was made for this target (generate()'s own check would otherwise ask a mismatched head for a second tokenizer). ``generate`` itself is not touched, other instances and
-the class are not touched, and the class name is kept (``save_pretrained`` writes the same ``architectures``).
-Tree settings come from the head's config (``head.config.tree_budget`` / ``tree_width``).
+`JetSpecHead`, and HF's own assisted decoding otherwise; its ``_validate_generation_mode`` first checks that the
+head was made for this target (generate()'s own check would otherwise ask a mismatched head for a second tokenizer).
+``generate`` itself is not touched, other instances and the class are not touched, and the class name is kept
+(``save_pretrained`` writes the same ``architectures``). Tree settings come from the head's config
+(``head.config.tree_budget`` / ``tree_width``).
 """
 
 from __future__ import annotations

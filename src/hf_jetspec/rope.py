@@ -50,7 +50,8 @@ def rope_switch(model) -> RopeSwitch | None:
         for kind, params in _rope_types(module):
             config = getattr(module, "config", None)
             if "dynamic" in kind:
-                limit = getattr(module, "original_max_seq_len", None) or getattr(config, "max_position_embeddings", None)
+                limit = getattr(module, "original_max_seq_len", None) or \
+                    getattr(config, "max_position_embeddings", None)
                 per_position = True
             elif kind == "longrope":
                 limit = params.get("original_max_position_embeddings") or \

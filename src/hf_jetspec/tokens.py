@@ -9,8 +9,14 @@ generation would have stopped.
 from __future__ import annotations
 
 import torch
+from transformers import LogitsProcessorList
 
 from .outputs import OUTPUT_CACHE_FIELD, DecodingStats, JetSpecGenerateOutput
+
+
+# Logits processors that keep state from call to call, assuming one call per emitted token: drafts must not be
+# scored with them (they would advance the state with tokens that are never emitted).
+STATEFUL_PROCESSORS = ("UnbatchedClassifierFreeGuidanceLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor")
 
 
 class TokenSelector:
@@ -20,6 +26,18 @@ class TokenSelector:
         self.processors = logits_processor
         self.do_sample = bool(generation_config.do_sample)
         self.generator = generator
+
+    def for_drafts(self) -> "TokenSelector":
+        """The selector a drafter scores its own tokens with: the same rule without the processors that keep state
+        between calls (classifier-free guidance, SynthID watermarking), which must see the emitted tokens only.
+        Drafts only need some distribution to be drawn from and verified against, so this changes no output."""
+        if not any(type(p).__name__ in STATEFUL_PROCESSORS for p in self.processors):
+            return self
+        drafts = TokenSelector.__new__(TokenSelector)
+        drafts.processors = LogitsProcessorList(p for p in self.processors
+                                                if type(p).__name__ not in STATEFUL_PROCESSORS)
+        drafts.do_sample, drafts.generator = self.do_sample, self.generator
+        return drafts
 
     @property
     def plain_greedy(self) -> bool:

@@ -148,7 +148,7 @@ def jetspec_generate(
             return tree, None, records
         if not rejection:
             return build_tree(session.anchor, draft, budget, width=tree_width, max_depth=depth), None, None
-        q = draft_distributions(session.selector, session.ids, draft[:depth])
+        q = draft_distributions(session.selector.for_drafts(), session.ids, draft[:depth])
         shape = build_tree(session.anchor, q.log(), budget, width=tree_width, max_depth=depth)
         return sampled_tree(shape, q, session.selector.generator), q, None
 

@@ -1,12 +1,14 @@
-"""Batches without padding: one single-sequence decoding call per row.
+"""Batches: one single-sequence decoding call per row.
 
 Speculative decoding follows one sequence (each row accepts a different number of tokens per step), so a batch of
 B rows runs as B calls of the same loop, one after another, and the results are put together as ``generate()``
-puts a batch together: rows that stop early are filled with the pad token where an eos token is set, and
-otherwise keep decoding to the batch's length (a row stopped by a custom criterion is decoded again that far). That covers ``num_return_sequences > 1``
-(several samples of one prompt) and prompts of equal length. A padded batch (prompts of different lengths) is
-refused by the single-row check: a padded row's length-dependent processors (``min_length``, forced eos, length
-penalties) count its padding, which the row-by-row loop would not reproduce exactly.
+puts a batch together: ``num_return_sequences > 1`` (several samples of one prompt) and prompts of any lengths,
+left-padded as decoder-only batches are. A padded row is decoded without its padding (its tokens keep the positions
+``generate()`` gives them, counted from the first real token), while its logits processors and stopping criteria
+see the padding put back (`LeftPadded`), so ``min_length``, ``min_new_tokens``, forced eos, length penalties and
+``max_length`` count exactly as in the padded batch. Rows that stop early are filled with the pad token where an eos
+token is set, and otherwise keep decoding to the batch's length (a row stopped by a custom criterion is decoded
+again that far), as ``generate()`` does.
 """
 
 from __future__ import annotations
@@ -18,33 +20,59 @@ import torch
 from transformers import DynamicCache, MaxLengthCriteria, StaticCache, StoppingCriteriaList
 
 
+class LeftPadded:
+    """A logits-processor or stopping-criteria list called with ``pad [1, p]`` (the row's left padding) put back in
+    front of ``input_ids``: length-dependent members count as in the padded batch."""
+
+    def __init__(self, inner, pad: torch.Tensor) -> None:
+        self.inner, self.pad = inner, pad
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self):
+        return iter(self.inner)
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs):
+        pad = self.pad.to(input_ids.device).expand(input_ids.shape[0], -1)
+        return self.inner(torch.cat((pad, input_ids), dim=1), scores, **kwargs)
+
 
 def per_row(loop):
-    """Wrap a decoding loop (a ``custom_generate`` callable for batch size 1) so that it also takes batches
-    without padding: ``input_ids [B, T]`` -> the loop once per row -> ``[B, T + n]``, finished rows completed as
-    ``generate()`` completes them (pad tokens, or more decoding where no eos token is set)."""
+    """Wrap a decoding loop (a ``custom_generate`` callable for batch size 1) so that it also takes batches:
+    ``input_ids [B, T]`` (left-padded where ``attention_mask`` has zeros) -> the loop once per row -> ``[B, T + n]``,
+    finished rows completed as ``generate()`` completes them."""
 
     @functools.wraps(loop)
     def generate_rows(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                       streamer=None, *args, **kwargs):
-        rows = input_ids.shape[0]
-        if rows == 1 or (generation_config.num_beams or 1) > 1:  # beams: the loop names them
+        rows, mask = input_ids.shape[0], kwargs.get("attention_mask")
+        padded = mask is not None and not bool((mask == 1).all())
+        if (rows == 1 and not padded) or (generation_config.num_beams or 1) > 1:  # beams: the loop names them
             return loop(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                         streamer, *args, **kwargs)
         check_rows(generation_config, streamer, logits_processor, kwargs)
-        def run(i, criteria, config):
-            return loop(model, input_ids[i : i + 1], logits_processor, criteria, config, synced_gpus, None, *args,
-                        **row_kwargs(model, kwargs, i, rows))
+        pads = left_padding(mask, rows)
 
-        outputs = [run(i, stopping_criteria, generation_config) for i in range(rows)]
+        def run(i: int, criteria, max_length: int):
+            p = pads[i]
+            config = copy.deepcopy(generation_config)
+            config.max_length, config.max_new_tokens = max_length - p, None
+            view = input_ids[i : i + 1, :p]
+            processors = row_processors(logits_processor, i, rows)
+            processors = LeftPadded(processors, view) if p else processors
+            criteria = LeftPadded(criteria, view) if p else criteria
+            out = loop(model, input_ids[i : i + 1, p:], processors, criteria, config, synced_gpus, None, *args,
+                       **row_kwargs(model, kwargs, i, rows, input_ids.shape[1], p))
+            return torch.cat((view, out), dim=1)
+
+        outputs = [run(i, stopping_criteria, generation_config.max_length) for i in range(rows)]
         length = max(out.shape[1] for out in outputs)
         if not any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria or ()):
             # Without an eos token generate() pads no row: a row its criteria stopped keeps decoding until every
             # row has stopped. Decode such rows again to the batch's length (greedy: the same prefix).
-            config = copy.deepcopy(generation_config)
-            config.max_length, config.max_new_tokens = length, None
             until = StoppingCriteriaList([MaxLengthCriteria(length)])
-            outputs = [out if out.shape[1] == length else run(i, until, config) for i, out in enumerate(outputs)]
+            outputs = [out if out.shape[1] == length else run(i, until, length) for i, out in enumerate(outputs)]
         return stack_rows(outputs, generation_config)
 
     return generate_rows
@@ -52,33 +80,63 @@ def per_row(loop):
 
 def check_rows(generation_config, streamer, logits_processor, kwargs: dict) -> None:
     """Refuse, by name, what a row-by-row batch cannot reproduce (before any row is decoded)."""
-    mask = kwargs.get("attention_mask")
-    if mask is not None and not bool((mask == 1).all()):
-        raise ValueError("Padded inputs are not supported (prompts of different lengths in one batch): pass each "
-                         "prompt on its own, without padding.")
     if streamer is not None or kwargs.get("token_streamer") is not None:
-        raise ValueError("A streamer takes one sequence: pass one prompt (batch size 1) with a streamer.")
+        raise ValueError("A streamer takes one unpadded sequence: pass one prompt (batch size 1, no padding) with a "
+                         "streamer.")
+    if any(type(p).__name__ == "SynthIDTextWatermarkLogitsProcessor" for p in logits_processor or ()):
+        raise ValueError("SynthID watermarking with a batch or padding: its state covers the whole batch; pass one "
+                         "prompt per call.")
     if any(type(p).__name__ == "PrefixConstrainedLogitsProcessor" for p in logits_processor or ()):
-        raise ValueError("prefix_allowed_tokens_fn with a batch: it is called with each row's batch index, which a "
-                         "row-by-row batch does not keep; pass one prompt per call.")
+        raise ValueError("prefix_allowed_tokens_fn with a batch or padding: it is called with each row's batch index, "
+                         "which a row-by-row batch does not keep; pass one prompt per call.")
     if getattr(generation_config, "return_dict_in_generate", False):
-        raise ValueError("return_dict_in_generate=True with a batch: the stats and scores of a speculative call are "
-                         "per sequence; pass one prompt per call.")
+        raise ValueError("return_dict_in_generate=True with a batch or padding: the stats and scores of a speculative "
+                         "call are per unpadded sequence; pass one prompt per call, without padding.")
     scale = getattr(generation_config, "guidance_scale", None)
     if scale is not None and scale != 1:
-        raise ValueError(f"guidance_scale={scale} with a batch: classifier-free guidance keeps one unconditional cache "
-                         "for the whole batch; pass one prompt per call.")
+        raise ValueError(f"guidance_scale={scale} with a batch or padding: classifier-free guidance keeps one "
+                         "unconditional cache for the whole batch; pass one prompt per call.")
 
 
-def row_kwargs(model, kwargs: dict, row: int, rows: int) -> dict:
-    """``kwargs`` for row ``row``: batch tensors sliced to that row, and a fresh empty cache of the kind
-    ``generate()`` prepared (its own one belongs to the whole batch)."""
+def row_processors(processors, row: int, rows: int):
+    """``processors`` for row ``row``: members holding per-row tensors (the repetition penalty's
+    ``prompt_ignore_length [B]``, which generate() fills with each row's padding length) get a copy holding that
+    row's entry."""
+    out = type(processors)() if isinstance(processors, list) else []
+    for processor in processors or ():
+        ignore = getattr(processor, "prompt_ignore_length", None)
+        if isinstance(ignore, torch.Tensor) and ignore.dim() == 1 and ignore.shape[0] == rows:
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = ignore[row : row + 1]
+        out.append(processor)
+    return out
+
+
+def left_padding(mask: torch.Tensor | None, rows: int) -> list[int]:
+    """Each row's number of leading padding positions; ``ValueError`` for padding anywhere else (right padding, holes)
+    or a row of padding only."""
+    if mask is None or bool((mask == 1).all()):
+        return [0] * rows
+    pads = []
+    for row in mask.long().tolist():
+        p = row.index(1) if 1 in row else len(row)
+        if p == len(row) or any(v != 1 for v in row[p:]) or any(v != 0 for v in row[:p]):
+            raise ValueError("Padded inputs must be left-padded (zeros, then ones, in each attention_mask row, as "
+                             "decoder-only generation expects), with at least one token per row.")
+        pads.append(p)
+    return pads
+
+
+def row_kwargs(model, kwargs: dict, row: int, rows: int, length: int, pad: int) -> dict:
+    """``kwargs`` for row ``row``: batch tensors sliced to that row (per-position ones without its ``pad`` leading
+    positions), and a fresh empty cache of the kind ``generate()`` prepared (its own one belongs to the batch)."""
     out = {}
     for key, value in kwargs.items():
         if key in ("cache", "past_key_values") and value is not None:
             out[key] = fresh_cache(model, value)
         elif isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows:
-            out[key] = value[row : row + 1]
+            value = value[row : row + 1]
+            out[key] = value[:, pad:] if pad and value.dim() > 1 and value.shape[1] == length else value
         else:
             out[key] = value
     return out

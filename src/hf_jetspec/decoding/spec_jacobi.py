@@ -149,7 +149,8 @@ def speculative_jacobi_generate(
                     guesses, q = tail[:count], None
                     refinements += 1
                 else:
-                    guesses, q = draft_chain(draft, session.selector, session.ids, count) if count else ([], None)
+                    guesses, q = (draft_chain(draft, session.selector.for_drafts(), session.ids, count) if count
+                                  else ([], None))
                     draft_forwards += count
                     rounds += count > 0
                     refinements = 0
