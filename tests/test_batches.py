@@ -74,13 +74,13 @@ def test_rows_that_end_together_need_no_pad_token():
                                                  custom_generate=hf_jetspec.jacobi_generate))
 
 
-def left_padded(lengths: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(lengths: list[int], seed: int, vocab: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
     """A left-padded batch of random prompts of ``lengths`` (pad id 0) and its attention mask."""
     generator, width = torch.Generator().manual_seed(seed), max(lengths)
     ids = torch.full((len(lengths), width), PAD, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, n in enumerate(lengths):
-        ids[row, width - n :] = torch.randint(3, 128, (n,), generator=generator)
+        ids[row, width - n :] = torch.randint(3, vocab, (n,), generator=generator)
         mask[row, width - n :] = 1
     return ids, mask
 
@@ -115,6 +115,21 @@ def test_one_padded_prompt():
     out = model.generate(ids[:1], attention_mask=mask[:1], do_sample=False, max_new_tokens=NEW,
                          custom_generate=hf_jetspec.jacobi_generate)
     assert_same_tokens(reference, out)
+
+
+def test_padded_batch_across_a_rope_switch_is_refused():
+    """Phi-3's longrope switches for the whole padded batch at once (by its longest row): refused by name when the
+    generation reaches the switch; an equal-length batch is exact."""
+    from test_architectures import ROPE, VOCAB, make
+
+    model = make(ROPE["longrope"][0], seed=2, **ROPE["longrope"][1])
+    ids, mask = left_padded([6, 3], seed=2, vocab=VOCAB)
+    with pytest.raises(ValueError, match="RoPE frequencies change at position 16"):
+        model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
+                       custom_generate=hf_jetspec.jacobi_generate)
+    short = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8,
+                           custom_generate=hf_jetspec.jacobi_generate)  # ends before the switch
+    assert_same_tokens(model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8), short)
 
 
 def test_what_a_row_by_row_batch_cannot_reproduce_is_refused():

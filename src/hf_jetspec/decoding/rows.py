@@ -19,6 +19,8 @@ import functools
 import torch
 from transformers import DynamicCache, MaxLengthCriteria, StaticCache, StoppingCriteriaList
 
+from ..rope import rope_switch
+
 
 class LeftPadded:
     """A logits-processor or stopping-criteria list called with ``pad [1, p]`` (the row's left padding) put back in
@@ -53,6 +55,11 @@ def per_row(loop):
                         streamer, *args, **kwargs)
         check_rows(generation_config, streamer, logits_processor, kwargs)
         pads = left_padding(mask, rows)
+        switch = rope_switch(model)
+        if any(pads) and switch is not None and generation_config.max_length > switch.position:
+            raise ValueError(f"A padded batch on {type(model).__name__}, whose RoPE frequencies change at position "
+                             f"{switch.position}: generate() switches them for the whole batch at once (by its longest "
+                             "row), which rows decoded one by one cannot reproduce; pass one prompt per call.")
 
         def run(i: int, criteria, max_length: int):
             p = pads[i]
