@@ -259,7 +259,12 @@ def test_sliding_window_sampling_is_plain_sampling_draw_for_draw(kind):
     model_type, extra = windowed(kind, 4)
     model = make(model_type, seed=10, **extra)
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(10))
-    kwargs = dict(do_sample=True, temperature=0.8, top_k=20, max_new_tokens=24)
+    assert_sampling_is_plain_sampling(model, prompt, 24, kind)
+
+
+def assert_sampling_is_plain_sampling(model, prompt: torch.Tensor, max_new: int, label: str) -> None:
+    """JetSpec ("match" rule) and suffix decoding return plain ``generate(do_sample=True)``'s tokens for 4 seeds."""
+    kwargs = dict(do_sample=True, temperature=0.8, top_k=20, max_new_tokens=max_new)
     for seed in range(4):
         torch.manual_seed(seed)
         plain = model.generate(prompt, **kwargs)
@@ -268,7 +273,7 @@ def test_sliding_window_sampling_is_plain_sampling_draw_for_draw(kind):
                                    ("suffix", dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None))]:
             torch.manual_seed(seed)
             out = model.generate(prompt, **kwargs, **extra_kwargs)
-            assert_same_tokens(plain, out, f"[{kind} {name} seed={seed}]")
+            assert_same_tokens(plain, out, f"[{label} {name} seed={seed}]")
 
 
 # RoPE whose frequencies depend on the forward's longest position (hf_jetspec.rope): Phi-3's longrope switches from
@@ -353,16 +358,7 @@ def test_rope_switch_sampling_is_plain_sampling_draw_for_draw(kind):
     skip_broken_longrope(kind)
     model = make(ROPE[kind][0], seed=11, **ROPE[kind][1])
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(11))
-    kwargs = dict(do_sample=True, temperature=0.8, top_k=20, max_new_tokens=30)
-    for seed in range(4):
-        torch.manual_seed(seed)
-        plain = model.generate(prompt, **kwargs)
-        for name, extra_kwargs in [("jetspec", dict(custom_generate=hf_jetspec.jetspec_generate, retrieval=False,
-                                                    drafter=ScrambledOracle(plain, VOCAB, 6, seed=seed))),
-                                   ("suffix", dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None))]:
-            torch.manual_seed(seed)
-            out = model.generate(prompt, **kwargs, **extra_kwargs)
-            assert_same_tokens(plain, out, f"[{kind} {name} seed={seed}]")
+    assert_sampling_is_plain_sampling(model, prompt, 30, kind)
 
 
 # Other decoder-only families transformers ships, as tiny random configs: each must run every strategy losslessly
