@@ -43,3 +43,40 @@ def test_import_direction(path):
     if path.parent.name == "hf_jetspec" and path.stem in BLOCKS:
         upward = imports & (TOP | {"decoding", "jetspec", "jacobi", "spec_jacobi", "suffix", "session", "strategies"})
         assert not upward, f"{path.relative_to(ROOT)} (a building block) imports {sorted(upward)}"
+
+
+def _run_from_root(code: str, *flags: str):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, *flags, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_top_level_kernels_name_is_handed_over():
+    """From the repository root, ``kernels/`` is importable as a top-level ``kernels`` package; that name belongs to
+    the Hub ``kernels`` package, which transformers >= 5.25 imports while importing itself (it failed with "cannot
+    import name 'CUDAProperties' from 'kernels' (<repo>/kernels/__init__.py)" for ``python -m`` from the root)."""
+    import sys
+    from importlib.machinery import PathFinder
+
+    installed = PathFinder.find_spec("kernels", [p for p in sys.path if Path(p or ".").resolve() != ROOT])
+    hub_kernels = installed is not None
+    code = (
+        "import sys, kernels\n"
+        "print(kernels.__file__)\n"
+        "from transformers import PreTrainedModel\n"  # imports the Hub package where transformers probes for it
+        "import hf_jetspec.kernels as ours\n"
+        "print(ours.__file__, callable(ours.register), sys.modules['kernels'] is kernels)\n"
+    )
+    result = _run_from_root(code)
+    if hub_kernels:
+        assert result.returncode == 0, result.stderr[-2000:]
+        first, second = result.stdout.split("\n")[:2]
+        assert first == str(installed.origin)
+        assert second == f"{ROOT / 'kernels' / '__init__.py'} True True"
+    else:  # no Hub package: a top-level `import kernels` fails as if this folder were not there
+        assert "No module named 'kernels'" in result.stderr
+    bare = _run_from_root("import kernels", "-S")  # -S: no site-packages, so no Hub package either
+    assert bare.returncode == 1 and "ModuleNotFoundError: No module named 'kernels'" in bare.stderr
