@@ -6,25 +6,31 @@ This folder sits at the top of the repository and installs as ``hf_jetspec.kerne
 From the repository root (``python -m ...``, ``python -c``, a notebook started there) this folder is also importable
 as a top-level ``kernels`` package, and that name belongs to the Hugging Face Hub ``kernels`` package, which
 transformers >= 5.25 depends on and imports while importing itself. Imported under that name, this file hands the
-name over to the installed package (or raises the ImportError a missing one gives), so transformers gets what it
-asks for. ``register`` imports transformers only when called, for the same reason.
+name over to the installed package, so transformers gets what it asks for; without it (transformers < 5.25) the
+folder imports as itself, which transformers' probe finds has no version and ignores. ``register`` imports
+transformers only when called, for the same reason.
 """
 
 
-def _hand_over_top_level_name() -> None:
-    """Load the first ``kernels`` on ``sys.path`` outside this repository in place of this folder."""
+def _hub_kernels_spec():
+    """The module spec of the first ``kernels`` on ``sys.path`` outside this repository, or None."""
     import os
     import sys
     from importlib.machinery import PathFinder
-    from importlib.util import module_from_spec
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != root]
-    spec = PathFinder.find_spec("kernels", path)
-    if spec is None or spec.loader is None:
-        raise ModuleNotFoundError("No module named 'kernels'", name="kernels")
+    spec = PathFinder.find_spec("kernels", [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != root])
+    return spec if spec is not None and spec.loader is not None else None
+
+
+def _hand_over(spec) -> None:
+    """Load ``spec`` (the Hub package) in place of this folder: the import system returns what ``sys.modules``
+    holds for the name once this file has run."""
+    import sys
+    from importlib.util import module_from_spec
+
     module = module_from_spec(spec)
-    sys.modules["kernels"] = module  # the import system returns what sys.modules holds once this file has run
+    sys.modules["kernels"] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
@@ -32,9 +38,9 @@ def _hand_over_top_level_name() -> None:
         raise
 
 
-if __name__ == "kernels":
-    _hand_over_top_level_name()
-else:
+if __name__ == "kernels" and (_spec := _hub_kernels_spec()) is not None:
+    _hand_over(_spec)
+else:  # as hf_jetspec.kernels (or top-level without the Hub package, where transformers < 5.25 finds no version)
     from .tree_attention import TreeMeta, kernel_available, sdpa_tree_reference, tree_attention
 
     def register(name: str = "jetspec_tree") -> str:

@@ -76,7 +76,6 @@ def test_top_level_kernels_name_is_handed_over():
         first, second = result.stdout.split("\n")[:2]
         assert first == str(installed.origin)
         assert second == f"{ROOT / 'kernels' / '__init__.py'} True True"
-    else:  # no Hub package: a top-level `import kernels` fails as if this folder were not there
-        assert "No module named 'kernels'" in result.stderr
-    bare = _run_from_root("import kernels", "-S")  # -S: no site-packages, so no Hub package either
-    assert bare.returncode == 1 and "ModuleNotFoundError: No module named 'kernels'" in bare.stderr
+    else:  # no Hub package (transformers < 5.25): the folder imports as itself and transformers ignores it
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split("\n")[0] == str(ROOT / "kernels" / "__init__.py")
