@@ -402,3 +402,89 @@ def test_architecture_zoo(model_type):
     for name, kwargs in strategies(model, free_run, seed=12).items():
         out = model.generate(prompt, do_sample=False, max_new_tokens=24, **kwargs)
         assert_same_tokens(free_run, out, f"[{model_type} {name}]")
+
+
+IMAGE, VISION_START, VISION_END = VOCAB - 1, VOCAB - 3, VOCAB - 4
+
+
+def vision_language_model(family: str):
+    """A tiny random vision-language model and ``(model, image kwargs)`` for one 56x56 image: Qwen2-VL / Qwen3-VL
+    (multimodal RoPE: 16 patches merged into 4 image tokens at grid positions, so the text after the image continues
+    from the grid's largest position, 2 below its index) or LLaVA (image tokens at ordinary positions)."""
+    torch.manual_seed(9)
+    if family == "llava":
+        from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+        vision = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, image_size=56, patch_size=28, projection_dim=16)
+        model = LlavaForConditionalGeneration(LlavaConfig(
+            text_config={**COMMON, "model_type": "llama"}, vision_config=vision, image_token_index=IMAGE,
+            vision_feature_layer=-1))
+        image = dict(pixel_values=torch.randn(1, 3, 56, 56))
+    else:
+        from transformers import AutoModelForImageTextToText
+
+        mrope = {"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0}
+        vision = dict(depth=1, hidden_size=32, num_heads=2, patch_size=14, spatial_merge_size=2,
+                      temporal_patch_size=2, in_channels=3)
+        if family == "qwen3_vl":
+            mrope["mrope_interleaved"] = True
+            vision.update(hidden_size=16, out_hidden_size=32, intermediate_size=32, num_position_embeddings=16,
+                          deepstack_visual_indexes=[0])
+        else:
+            vision.update(embed_dim=16, mlp_ratio=2)
+        config = AutoConfig.for_model(
+            family, text_config={**COMMON, "head_dim": 8, "rope_parameters": mrope, "rope_scaling": mrope},
+            vision_config=vision, image_token_id=IMAGE, video_token_id=VOCAB - 2, vision_start_token_id=VISION_START,
+            vision_end_token_id=VISION_END)
+        model = AutoModelForImageTextToText.from_config(config)
+        image = dict(pixel_values=torch.randn(16, 3 * 2 * 14 * 14), image_grid_thw=torch.tensor([[1, 4, 4]]))
+    model.eval().generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None
+    return model, image
+
+
+def image_prompt(model, image: dict, before: int, after: int, seed: int) -> dict:
+    """``generate()`` kwargs: ``before`` text tokens, the image (vision start, 4 image tokens, vision end), ``after``
+    text tokens; ``mm_token_type_ids`` where the model takes them (transformers >= 5.25's Qwen-VL processors)."""
+    import inspect
+
+    text = torch.randint(3, VOCAB - 5, (1, before + after), generator=torch.Generator().manual_seed(seed))
+    ids = torch.cat([text[:, :before], torch.tensor([[VISION_START] + [IMAGE] * 4 + [VISION_END]]),
+                     text[:, before:]], dim=1)
+    inputs = dict(input_ids=ids, **image)
+    if "mm_token_type_ids" in inspect.signature(model.forward).parameters and "image_grid_thw" in image:
+        inputs["mm_token_type_ids"] = (ids == IMAGE).int()
+    return inputs
+
+
+@pytest.mark.parametrize("family,after", [("qwen2_vl", 4), ("qwen2_vl", 0), ("qwen3_vl", 3), ("llava", 4)])
+def test_image_prompts_are_lossless(family, after):
+    """An image in the prompt: every strategy returns plain ``generate()``'s tokens. With multimodal RoPE the text
+    after the image sits 2 positions below its index (`hf_jetspec.rope.position_offset`); verifying at the index
+    gave other tokens from the first step on, for every strategy. ``after=0``: the prompt ends with the image."""
+    model, image = vision_language_model(family)
+    inputs = image_prompt(model, image, before=3, after=after, seed=after)
+    free_run = model.generate(**inputs, do_sample=False, max_new_tokens=20)
+    for name, kwargs in strategies(model, free_run, seed=9).items():
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=20, **kwargs)
+        assert_same_tokens(free_run, out, f"[{family} image {name}]")
+
+
+def test_image_batches_are_refused_text_batches_decode():
+    """A batch with images is refused by name (transformers holds the batch's images flattened or encoded in one
+    structure that rows cannot split); a text-only left-padded batch on a multimodal-RoPE model ([4, B, T] position
+    ids) decodes as plain batched ``generate()``."""
+    model, image = vision_language_model("qwen2_vl")
+    inputs = image_prompt(model, image, before=3, after=4, seed=1)
+    batch = {key: torch.cat([value, value]) for key, value in inputs.items()}
+    with pytest.raises(ValueError, match="with a batch or padding: .*pass one prompt per call"):
+        model.generate(**batch, do_sample=False, max_new_tokens=8, custom_generate=hf_jetspec.jacobi_generate)
+    ids = torch.randint(3, VOCAB - 5, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    free_run = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=16)
+    for name in ("jetspec-head", "suffix", "jacobi"):
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+                             **strategies(model, free_run[:1], seed=2)[name])
+        assert torch.equal(out, free_run), f"[qwen2_vl text batch {name}]"

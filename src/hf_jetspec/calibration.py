@@ -228,7 +228,10 @@ def _timer(model, prefix: int):
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (1, prefix + 64), generator=torch.Generator().manual_seed(0)).to(device)
     cache = full_layers(DynamicCache(config=model.config), sliding_window(model)[0])
-    model(input_ids=ids[:, :prefix], use_cache=True, **{key: cache})
+    # position ids are explicit, so the model never consults state kept from an earlier call (Qwen2-VL's
+    # rope_deltas, sized for that call's batch)
+    model(input_ids=ids[:, :prefix], position_ids=torch.arange(prefix, device=device)[None], use_cache=True,
+          **{key: cache})
 
     def forward(count: int) -> float:
         chunk = ids[:, prefix : prefix + count] if count <= 64 else \
@@ -236,7 +239,8 @@ def _timer(model, prefix: int):
         if device.type == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        model(input_ids=chunk, use_cache=True, **{key: cache})
+        positions = torch.arange(prefix, prefix + count, device=device)[None]
+        model(input_ids=chunk, position_ids=positions, use_cache=True, **{key: cache})
         if device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start

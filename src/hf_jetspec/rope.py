@@ -14,12 +14,15 @@ transformers they pick the frequencies from the largest position in the *current
   rotate as plain decoding does.
 
 `rope_switch` finds such a switch; the decoding session keeps every verification forward on one side of it
-(`positions_left`) and, at a longrope switch, recomputes the sequence as ``generate()`` does.
+(`positions_left`) and, at a longrope switch, recomputes the sequence as ``generate()`` does. `position_offset`
+says where multimodal RoPE continues the positions after an image.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -78,3 +81,24 @@ def positions_left(switch: RopeSwitch | None, prefix: int) -> int | None:
     if prefix < switch.position:
         return switch.position - 1 - prefix
     return 0 if switch.per_position else None
+
+
+def position_offset(model, prompt_len: int, model_kwargs: dict) -> torch.Tensor | None:
+    """What ``generate()`` adds to a generated token's index in the sequence to get its position ids, read after the
+    prefill of a ``prompt_len``-token prompt: ``[..., 1, 1]`` (broadcasts against ``[1, N]`` indices), or None where
+    the two are equal (every model whose prompt holds text only).
+
+    Multimodal RoPE (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, ...) gives image and video tokens grid positions
+    (time, height, width), so the text after an image continues from the grid's largest position, not from its
+    index; position ids are then ``[3 or 4, batch, length]``. transformers >= 5.25 computes the prompt's
+    ``position_ids`` in ``generate()`` and continues every component from the prompt's last position, one per new
+    token; earlier versions leave them to the model, which adds the ``rope_deltas`` its prefill recorded.
+    """
+    positions = model_kwargs.get("position_ids")
+    if isinstance(positions, torch.Tensor) and positions.dim() >= 2 and positions.shape[-1] == prompt_len:
+        offset = positions[..., -1:] - (prompt_len - 1)
+    else:
+        deltas = next((m.rope_deltas for m in model.modules()
+                       if isinstance(getattr(m, "rope_deltas", None), torch.Tensor)), None)
+        offset = None if deltas is None else deltas.reshape(-1)[:1].reshape(1, 1)
+    return offset if offset is not None and bool(offset.any()) else None

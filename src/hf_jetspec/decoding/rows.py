@@ -53,7 +53,7 @@ def per_row(loop):
         if (rows == 1 and not padded) or (generation_config.num_beams or 1) > 1:  # beams: the loop names them
             return loop(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                         streamer, *args, **kwargs)
-        check_rows(generation_config, streamer, logits_processor, kwargs)
+        check_rows(generation_config, streamer, logits_processor, kwargs, rows)
         pads = left_padding(mask, rows)
         switch = rope_switch(model)
         if any(pads) and switch is not None and generation_config.max_length > switch.position:
@@ -85,7 +85,7 @@ def per_row(loop):
     return generate_rows
 
 
-def check_rows(generation_config, streamer, logits_processor, kwargs: dict) -> None:
+def check_rows(generation_config, streamer, logits_processor, kwargs: dict, rows: int) -> None:
     """Refuse, by name, what a row-by-row batch cannot reproduce (before any row is decoded)."""
     if streamer is not None or kwargs.get("token_streamer") is not None:
         raise ValueError("A streamer takes one unpadded sequence: pass one prompt (batch size 1, no padding) with a "
@@ -103,6 +103,28 @@ def check_rows(generation_config, streamer, logits_processor, kwargs: dict) -> N
     if scale is not None and scale != 1:
         raise ValueError(f"guidance_scale={scale} with a batch or padding: classifier-free guidance keeps one "
                          "unconditional cache for the whole batch; pass one prompt per call.")
+    for key, value in kwargs.items():
+        if key in ("cache", "past_key_values") or not holds_tensors(value):
+            continue
+        if not isinstance(value, torch.Tensor):  # e.g. transformers >= 5.25's mm_encoder_outputs (encoded images)
+            raise ValueError(f"{key} with a batch or padding: it holds the whole batch's images or other inputs in one "
+                             "structure that cannot be split by row; pass one prompt per call.")
+        if value.dim() == 0:
+            continue
+        batch_dim = 1 if key == "position_ids" and value.dim() == 3 else 0  # multimodal RoPE: [3 or 4, B, T]
+        if key.endswith("_grid_thw") or value.shape[batch_dim] != rows:
+            raise ValueError(f"{key} with a batch or padding: its entries are not one per row (images or videos "
+                             "flattened across the batch, as Qwen2-VL's processor gives them), so they cannot be "
+                             "split by row; pass one prompt per call.")
+
+
+def holds_tensors(value) -> bool:
+    """Whether ``value`` is a tensor or a dict / list / tuple with one somewhere inside."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        return any(holds_tensors(v) for v in value.values())
+    return isinstance(value, (list, tuple)) and any(holds_tensors(v) for v in value)
 
 
 def row_processors(processors, row: int, rows: int):
@@ -141,6 +163,8 @@ def row_kwargs(model, kwargs: dict, row: int, rows: int, length: int, pad: int) 
     for key, value in kwargs.items():
         if key in ("cache", "past_key_values") and value is not None:
             out[key] = fresh_cache(model, value)
+        elif key == "position_ids" and isinstance(value, torch.Tensor) and value.dim() == 3:
+            out[key] = value[:, row : row + 1, pad:]  # multimodal RoPE: [3 or 4, batch, length]
         elif isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows:
             value = value[row : row + 1]
             out[key] = value[:, pad:] if pad and value.dim() > 1 and value.shape[1] == length else value

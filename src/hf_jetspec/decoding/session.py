@@ -27,7 +27,7 @@ from ..attention import plan_tree_attention
 from ..cache import cache_kwarg, keep_positions, room_left
 from ..features import FeatureTap
 from ..outputs import DecodingStats, Timer
-from ..rope import positions_left, rope_switch
+from ..rope import position_offset, positions_left, rope_switch
 from ..tokens import TokenSelector, TokenWriter, remaining_tokens
 from ..tree import DraftTree
 from ..verify import verify_tree
@@ -52,6 +52,7 @@ class DecodingSession:
         self.timer, self.stats = Timer(input_ids.device), DecodingStats()
         self.tap = FeatureTap(model, layer_ids)
         self.rope = rope_switch(model)
+        self.position_offset: torch.Tensor | None = None  # multimodal RoPE after an image (`rope.position_offset`)
         self.features: torch.Tensor | None = None  # [n, F]: tapped states of the latest forward's positions
         self._start = 0.0
         self._verified_prefix: int | None = None
@@ -116,6 +117,7 @@ class DecodingSession:
         prompt's tapped states ``[T, F]``."""
         self._start = self.timer.now()
         logits = prefill(self.model, self.ids, self.model_kwargs)
+        self.position_offset = position_offset(self.model, self.ids.shape[1], self.model_kwargs)
         self.features = self._tapped()
         self.stats.prefill_time = self.timer.now() - self._start
         scores = self.selector.scores(self.ids, logits)
@@ -135,7 +137,8 @@ class DecodingSession:
             logits = self.model(**{**refill, self.cache_key: self.cache}, return_dict=True).logits[0, -1:]
             self.features = None if (tapped := self._tapped()) is None else tapped[-1:]
         else:
-            logits = verify_tree(self.model, tree, self.cache, self._verified_prefix, self.plan, self.cache_key)
+            logits = verify_tree(self.model, tree, self.cache, self._verified_prefix, self.plan, self.cache_key,
+                                 self.position_offset)
             self.features = self._tapped()
         self.stats.target_time += self.timer.now() - start
         return logits
