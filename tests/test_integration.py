@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from helpers import ScrambledOracle, StopAfterToken, assert_same_tokens, greedy_reference, jetspec, make_target
 from transformers import StoppingCriteriaList, SynthIDTextWatermarkingConfig, WatermarkingConfig
 from transformers.generation.streamers import BaseStreamer
@@ -51,6 +52,24 @@ def test_enable_touches_only_that_instance():
     head = JetSpecHead.for_target(b)
     with pytest.raises(AttributeError, match="enable"):
         b.generate(PROMPT, max_new_tokens=3, do_sample=False, assistant_model=head)
+
+
+def test_native_dflash_drafter_with_a_head():
+    """transformers >= 5.25's own DFlash drafter (``speculation_type="dflash"``) calls its assistant's forward with
+    ``noise_embeds``: a head there, on a target not enabled, is named with the fix (it was "_forward_unimplemented()
+    got an unexpected keyword argument 'noise_embeds'"); on an enabled target the head runs JetSpec, losslessly."""
+    from transformers import GenerationConfig
+
+    if not hasattr(GenerationConfig(), "speculation_type"):
+        pytest.skip(f"transformers {transformers.__version__} has no speculation_type")
+    model = make_target("llama")
+    head = JetSpecHead.for_target(model, block_size=6)
+    with pytest.raises(TypeError, match="not a language model.*enable"):
+        model.generate(PROMPT, max_new_tokens=8, do_sample=False, assistant_model=head, speculation_type="dflash")
+    reference = greedy_reference(model, PROMPT, max_new_tokens=20)
+    out = hf_jetspec.enable(model).generate(PROMPT, max_new_tokens=20, do_sample=False, assistant_model=head,
+                                            speculation_type="dflash")
+    assert_same_tokens(reference, out)
 
 
 def test_streamer_receives_accepted_runs():

@@ -368,6 +368,9 @@ class JetSpecHead(PreTrainedModel):
     def generate(self, *args, **kwargs):
         raise TypeError(NOT_A_LANGUAGE_MODEL)
 
+    def forward(self, *args, **kwargs):  # a head drafts with `draft` / `decode_block`; a caller of forward() is
+        raise TypeError(NOT_A_LANGUAGE_MODEL)  # transformers' own drafter (e.g. speculation_type="dflash")
+
 
 NOT_A_LANGUAGE_MODEL = (
     "JetSpecHead is a draft head, not a language model. Generate with the target: call `hf_jetspec.enable(model)` "
