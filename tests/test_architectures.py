@@ -219,6 +219,65 @@ def test_alibi_targets_are_refused(model_type, extra):
             model.generate(prompt, do_sample=False, max_new_tokens=8, **kwargs)
 
 
+@pytest.mark.parametrize("model_type,extra,message", [
+    # positions from cache slots: the BART-family decoders, RoFormer (sinusoidal from the cache length)
+    ("bart", dict(d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=64),
+     "takes no position_ids"),
+    ("roformer", dict(embedding_size=32), "takes no position_ids"),
+    # no KV cache at all
+    ("openai-gpt", dict(n_embd=32, n_layer=2, n_head=4), "takes no KV cache"),
+    ("rwkv", dict(attention_hidden_size=32), "takes no KV cache"),
+    # masks built from lengths; state-space layers
+    ("xlm", dict(emb_dim=32, n_layers=2, n_heads=4, causal=True, is_decoder=True), "builds its attention masks"),
+    ("mamba", dict(state_size=4, expand=2, conv_kernel=2), "has linear_attention layers"),
+])
+def test_targets_a_tree_cannot_be_verified_on_are_refused(model_type, extra, message):
+    """Found by running every strategy on every causal-LM family transformers 5.25 ships (tiny random configs):
+    the BART-family decoders (BartForCausalLM, Marian, mBART, Pegasus, MVP, TrOCR, BigBird-Pegasus) and RoFormer
+    returned other tokens than plain greedy with branching trees (their positions come from cache slots; chains
+    happened to match); GPT-1, RWKV, XLNet, XLM, ProphetNet, CPM-Ant, Mamba crashed inside transformers or hf_jetspec.
+    Each is now refused by name, by every strategy, before anything runs on it; plain generate() still works."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
+    model = make(model_type, seed=3, **extra)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    free_run = greedy_reference(model, prompt, max_new_tokens=6)
+    for name, kwargs in strategies(model, free_run, seed=3).items():
+        if name == "jetspec-head" and message == "has linear_attention layers":
+            kwargs = dict(custom_generate=hf_jetspec.jetspec_generate)  # a state-space model has no head shape
+        with pytest.raises(ValueError, match=message):
+            model.generate(prompt, do_sample=False, max_new_tokens=6, **kwargs)
+
+
+def test_heads_for_targets_that_name_fields_differently():
+    """`JetSpecHead.for_target` reads sizes under each family's names (GPT-2's ``n_inner``, which may be None;
+    Cohere 2 MoE's ``layer_norm_eps`` with ``rms_norm_eps`` None): it failed with "'GPT2Config' object has no
+    attribute 'intermediate_size'" and "unsupported operand type(s) for +: 'Tensor' and 'NoneType'"."""
+    from transformers import AutoConfig as Auto
+
+    for model_type, kwargs in [("gpt2", dict(n_embd=32, n_layer=2, n_head=4)),
+                               ("cohere2_moe", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                    num_key_value_heads=2, intermediate_size=64,
+                                                    moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2))]:
+        try:
+            config = Auto.for_model(model_type, vocab_size=VOCAB, pad_token_id=0, **kwargs)
+        except ValueError:
+            continue  # a transformers version without this family
+        assert getattr(config, "intermediate_size", None) is None or model_type != "gpt2"
+        torch.manual_seed(4)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        model.generation_config.eos_token_id = None
+        head = JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)
+        assert head.config.intermediate_size > 0 and head.config.rms_norm_eps > 0
+        prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
+        free_run = greedy_reference(model, prompt, max_new_tokens=16)
+        out = model.generate(prompt, do_sample=False, max_new_tokens=16, custom_generate=hf_jetspec.jetspec_generate,
+                             draft_head=head, tree_budget=8)
+        assert_same_tokens(free_run, out, f"[{model_type} head]")
+
+
 def test_use_cache_false_by_the_models_own_config_is_named():
     """MPT's config defaults to use_cache=False: the error says where that can come from and what to pass."""
     model = make("llama", seed=9, use_cache=False)
@@ -386,6 +445,17 @@ ZOO = {
     "gptj": dict(n_embd=32, n_head=4, n_layer=3, rotary_dim=4),
     "codegen": dict(n_embd=32, n_head=4, n_layer=3, rotary_dim=4),
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32),
+    # Gemma 4: a heterogeneous config (head_dim differs by layer, so reading config.head_dim raises)
+    "gemma4_text": dict(head_dim=8, sliding_window=5),
+    "gemma3_text": dict(head_dim=8, sliding_window=5),
+    "cohere2": dict(sliding_window=5),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=5),
+    "exaone4": dict(sliding_window=5),
+    "ernie4_5": dict(),
+    "seed_oss": dict(head_dim=8),
+    "ministral3": dict(head_dim=8),
+    "olmo3": dict(sliding_window=5),
+    "starcoder2": dict(),
 }
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .cache import forward_parameters
 from .devices import execution_device
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
@@ -64,15 +65,38 @@ def sliding_window(model) -> tuple[int | None, bool]:
     return window, "full_attention" in kinds
 
 
+# Families whose forward takes the arguments a verification forward passes but cannot honour them.
+OWN_MASKS = {
+    "xlm": "builds its attention masks from sequence lengths (a 2D mask only)",
+    "dory": "loops its recurrent layers over extra cache layers it appends during each forward",
+}
+
+
 def check_position_encoding(model) -> None:
-    """Raise ``ValueError`` for ALiBi targets (Bloom, MPT, Falcon with ``alibi=True``): their position biases come
-    from cache slots (or a 2D padding mask), and a tree's nodes occupy other slots than their positions."""
+    """Raise ``ValueError`` for targets a verification forward cannot place tree nodes in: ALiBi targets (Bloom,
+    MPT, Falcon with ``alibi=True``: position biases from cache slots or a 2D padding mask), targets whose forward
+    takes no ``position_ids`` (positions from cache slots: the BART-family decoders, Marian, Pegasus, TrOCR,
+    RoFormer, CPM-Ant, ...) or no KV cache (GPT-1, RWKV, XLNet), and the `OWN_MASKS` families. A tree's nodes occupy
+    other cache slots than their positions (siblings share a position), so such targets would verify drafts at
+    the wrong positions."""
+    name = type(model).__name__
     config = model.config.get_text_config(decoder=True)
     alibi = bool(getattr(config, "alibi", False)) or bool(getattr(getattr(config, "attn_config", None), "alibi", False))
     if alibi or getattr(config, "model_type", None) == "bloom":
-        raise ValueError(f"{type(model).__name__} uses ALiBi position biases, which transformers computes from cache "
+        raise ValueError(f"{name} uses ALiBi position biases, which transformers computes from cache "
                          "slots: a verification tree's nodes sit at other slots than their positions, so hf_jetspec "
                          "cannot verify drafts on this model (RoPE and learned absolute positions are supported).")
+    params = forward_parameters(model)
+    if "cache" not in params and "past_key_values" not in params:
+        raise ValueError(f"{name} takes no KV cache (its forward has no past_key_values / cache argument): "
+                         "speculative decoding verifies drafts on top of a cached prefix.")
+    if "position_ids" not in params:
+        raise ValueError(f"{name} takes no position_ids: it places new tokens by their cache slots, and a "
+                         "verification tree's nodes sit at other slots than their positions, so hf_jetspec cannot "
+                         "verify drafts on this model (models that take position_ids, RoPE or learned, are supported).")
+    reason = OWN_MASKS.get(getattr(config, "model_type", None))
+    if reason is not None:
+        raise ValueError(f"{name} {reason}: hf_jetspec cannot pass it a verification tree.")
 
 
 def current_implementation(model) -> str:

@@ -16,10 +16,16 @@ _FULL_LAYERS = (DynamicLayer, StaticLayer)
 _WINDOW_LAYERS = (DynamicSlidingWindowLayer, StaticSlidingWindowLayer)
 
 
+def forward_parameters(model):
+    """The parameters of the target's own ``forward`` (a PEFT wrapper's base model; the class's method, so hooks
+    and wrappers added to the instance do not hide them)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return inspect.signature(type(base).forward).parameters
+
+
 def cache_kwarg(model) -> str:
     """Name of the cache argument of ``model.forward``: ``cache`` (transformers >= 5.24) or ``past_key_values``."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return "cache" if "cache" in forward_parameters(model) else "past_key_values"
 
 
 def pop_cache(model_kwargs: dict):

@@ -18,6 +18,23 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
     return sorted({int(round(start + i * (end - start) / (num_taps - 1))) for i in range(num_taps)})
 
 
+def target_value(config, *names: str, default=None):
+    """The first of ``names`` that ``config`` (a target's text config) sets to something other than None, else
+    ``default``. Families name a field differently (``intermediate_size`` / ``n_inner`` / ``ffn_dim``,
+    ``rms_norm_eps`` / ``layer_norm_epsilon``); configs whose field varies by layer (transformers' heterogeneous
+    configs, Gemma 4's ``head_dim``) refuse the global read, and give the largest layer's value here."""
+    for name in names:
+        try:
+            value = getattr(config, name, None)
+        except Exception:  # AmbiguousGlobalPerLayerAttributeError (a RuntimeError): a per-layer attribute
+            layers = config.per_layer_config
+            values = [getattr(layers[i], name, None) for i in range(config.num_hidden_layers)]
+            value = max((v for v in values if v is not None), default=None)
+        if value is not None:
+            return value
+    return default
+
+
 MIN_DRAFT_VOCAB = 64  # tree widths draw distinct children from the draft vocabulary
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from .config import JetSpecConfig, default_target_layer_ids
+from .config import JetSpecConfig, default_target_layer_ids, target_value
 from .hub import model_card, push_head
 
 
@@ -189,22 +189,28 @@ class JetSpecHead(PreTrainedModel):
         """A fresh (untrained) head sized for ``model``; ``overrides`` set any `JetSpecConfig` field."""
         text = model.config.get_text_config()
         vocab = model.get_output_embeddings().weight.shape[0]
-        heads = text.num_attention_heads
-        eos = text.eos_token_id[0] if isinstance(text.eos_token_id, list) else text.eos_token_id
-        mask_id = next((t for t in (text.pad_token_id, eos) if t is not None and 0 <= t < vocab), vocab - 1)
-        rope = getattr(text, "rope_parameters", None) or {}
+        hidden = text.hidden_size
+        heads = target_value(text, "num_attention_heads", default=1)
+        eos = target_value(text, "eos_token_id")
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        mask_id = next((t for t in (target_value(text, "pad_token_id"), eos)
+                        if isinstance(t, int) and 0 <= t < vocab), vocab - 1)
+        rope = target_value(text, "rope_parameters", default={})
+        rope = rope if isinstance(rope, dict) else {}
         fields = dict(
             block_size=16,
             mask_token_id=mask_id,
             target_layer_ids=default_target_layer_ids(text.num_hidden_layers, num_taps),
             num_hidden_layers=2,
-            hidden_size=text.hidden_size,
-            intermediate_size=text.intermediate_size,
+            hidden_size=hidden,
+            intermediate_size=target_value(text, "intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim",
+                                           default=4 * hidden),
             num_attention_heads=heads,
-            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", getattr(text, "rope_theta", 10000.0)),
+            num_key_value_heads=target_value(text, "num_key_value_heads", default=heads),
+            head_dim=target_value(text, "head_dim", default=hidden // heads),
+            rms_norm_eps=float(target_value(text, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
+                                            default=1e-6)),
+            rope_theta=rope.get("rope_theta", target_value(text, "rope_theta", default=10000.0)),
             vocab_size=vocab,
             target_num_layers=text.num_hidden_layers,
             target_model_type=text.model_type,

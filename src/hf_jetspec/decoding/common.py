@@ -37,9 +37,7 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
     if mask is not None and not bool((mask == 1).all()):
         raise ValueError("Padded inputs are not supported (a padded prompt, or prompts of different lengths in one "
                          "batch): pass each prompt on its own, without padding.")
-    if model.config.is_encoder_decoder:
-        raise ValueError("hf_jetspec supports decoder-only models.")
-    check_position_encoding(model)
+    check_target(model)
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     if cache is None or not model_kwargs.get("use_cache", True):
         raise ValueError("hf_jetspec decoding needs the KV cache, but use_cache is False (passed to generate(), or "
@@ -48,6 +46,15 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
     check_cache(full_layers(cache, sliding_window(model)[0], getattr(generation_config, "max_length", None)))
     return cache
+
+
+def check_target(model) -> None:
+    """Refuse, by name, a target no loop can verify drafts on (before anything runs on it: drafting, timing
+    forwards, limits): encoder-decoders, attention kinds a tree mask cannot express, positions from cache slots."""
+    if model.config.is_encoder_decoder:
+        raise ValueError("hf_jetspec supports decoder-only models.")
+    sliding_window(model)
+    check_position_encoding(model)
 
 
 def other_decoding_method(generation_config) -> str | None:

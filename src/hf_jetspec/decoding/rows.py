@@ -20,6 +20,7 @@ import torch
 from transformers import DynamicCache, MaxLengthCriteria, StaticCache, StoppingCriteriaList
 
 from ..rope import rope_switch
+from .common import check_target
 
 
 class LeftPadded:
@@ -48,6 +49,7 @@ def per_row(loop):
     @functools.wraps(loop)
     def generate_rows(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                       streamer=None, *args, **kwargs):
+        check_target(model)
         rows, mask = input_ids.shape[0], kwargs.get("attention_mask")
         padded = mask is not None and not bool((mask == 1).all())
         if (rows == 1 and not padded) or (generation_config.num_beams or 1) > 1:  # beams: the loop names them
