@@ -445,8 +445,16 @@ ZOO = {
     "gptj": dict(n_embd=32, n_head=4, n_layer=3, rotary_dim=4),
     "codegen": dict(n_embd=32, n_head=4, n_layer=3, rotary_dim=4),
     "opt": dict(ffn_dim=64, word_embed_proj_dim=32),
-    # Gemma 4: a heterogeneous config (head_dim differs by layer, so reading config.head_dim raises)
-    "gemma4_text": dict(head_dim=8, sliding_window=5),
+    # Gemma 4: a heterogeneous config (head_dim differs by layer, so reading config.head_dim raises); its last two
+    # layers share the keys and values of earlier ones (their cache layers store nothing); per-layer inputs
+    "gemma4_text": dict(head_dim=8, sliding_window=5, num_hidden_layers=6, num_kv_shared_layers=2,
+                        layer_types=["sliding_attention", "full_attention"] * 3, hidden_size_per_layer_input=8,
+                        vocab_size_per_layer_input=VOCAB),
+    # Gemma 3n: KV sharing, AltUp (decoder layers output [streams, b, T, H]), per-layer intermediate sizes
+    "gemma3n_text": dict(head_dim=8, sliding_window=5, num_hidden_layers=4, num_kv_shared_layers=2,
+                         layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=8,
+                         vocab_size_per_layer_input=VOCAB, intermediate_size=[64] * 4, altup_num_inputs=2,
+                         laurel_rank=8, activation_sparsity_pattern=[0.0] * 4),
     "gemma3_text": dict(head_dim=8, sliding_window=5),
     "cohere2": dict(sliding_window=5),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, head_dim=8, sliding_window=5),

@@ -9,11 +9,19 @@ from __future__ import annotations
 import inspect
 
 import torch
-from transformers import DynamicCache, StaticCache
+from transformers import DynamicCache, StaticCache, cache_utils
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
 _FULL_LAYERS = (DynamicLayer, StaticLayer)
 _WINDOW_LAYERS = (DynamicSlidingWindowLayer, StaticSlidingWindowLayer)
+# A layer that stores nothing: it reads the keys and values of an earlier layer (KV sharing: Gemma 3n, Gemma 4), or
+# has no attention. transformers >= 5.2x; absent before.
+_EMPTY_LAYERS = tuple(t for t in (getattr(cache_utils, "DummyLayer", None),) if t is not None)
+
+
+def storing_layers(cache) -> list:
+    """The layers of ``cache`` that hold keys and values (KV-sharing layers hold none)."""
+    return [layer for layer in cache.layers if not isinstance(layer, _EMPTY_LAYERS)]
 
 
 def forward_parameters(model):
@@ -77,6 +85,8 @@ def check_cache(cache) -> None:
             "pass cache_implementation='dynamic' or 'static' (or no cache argument)."
         )
     for layer in cache.layers:
+        if isinstance(layer, _EMPTY_LAYERS):
+            continue
         if isinstance(layer, _WINDOW_LAYERS) or not isinstance(layer, _FULL_LAYERS):
             raise ValueError(
                 f"Cache layer {type(layer).__name__} is not supported: tree verification rewinds and compacts the "
@@ -88,12 +98,12 @@ def check_cache(cache) -> None:
 
 def mask_key_length(cache, prefix_len: int, num_new: int) -> int:
     """Key length the attention mask must span after appending ``num_new`` tokens to ``prefix_len`` cached ones."""
-    return cache.layers[0].max_cache_len if isinstance(cache, StaticCache) else prefix_len + num_new
+    return storing_layers(cache)[0].max_cache_len if isinstance(cache, StaticCache) else prefix_len + num_new
 
 
 def room_left(cache, prefix_len: int) -> int | None:
     """Free slots of a StaticCache after ``prefix_len`` tokens (None: unbounded)."""
-    return cache.layers[0].max_cache_len - prefix_len if isinstance(cache, StaticCache) else None
+    return storing_layers(cache)[0].max_cache_len - prefix_len if isinstance(cache, StaticCache) else None
 
 
 def keep_positions(cache, prefix_len: int, keep: list[int]) -> None:
@@ -103,10 +113,11 @@ def keep_positions(cache, prefix_len: int, keep: list[int]) -> None:
     Accepted path nodes sit at consecutive depths, so the compacted cache is an ordinary causal prefix.
     """
     new_len = prefix_len + len(keep)
+    layers = storing_layers(cache)
     index = None
     if keep != list(range(len(keep))):
-        index = torch.tensor([prefix_len + i for i in keep], device=cache.layers[0].keys.device)
-    for layer in cache.layers:
+        index = torch.tensor([prefix_len + i for i in keep], device=layers[0].keys.device)
+    for layer in layers:
         if index is not None:
             layer.keys[:, :, prefix_len:new_len] = layer.keys.index_select(2, index)
             layer.values[:, :, prefix_len:new_len] = layer.values.index_select(2, index)

@@ -35,6 +35,15 @@ def target_value(config, *names: str, default=None):
     return default
 
 
+def target_size(config, *names: str, default: int) -> int:
+    """`target_value` for a size: the largest entry where a config gives one per layer as a list (Gemma 3n's
+    ``intermediate_size``)."""
+    value = target_value(config, *names, default=default)
+    if isinstance(value, (list, tuple)):
+        value = max((v for v in value if isinstance(v, int)), default=default)
+    return int(value)
+
+
 MIN_DRAFT_VOCAB = 64  # tree widths draw distinct children from the draft vocabulary
 
 

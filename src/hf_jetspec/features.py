@@ -51,7 +51,10 @@ class FeatureTap:
 
     def _hook(self, index: int):
         def hook(module, args, output):
-            self._outputs[index] = output[0] if isinstance(output, tuple) else output
+            hidden = output[0] if isinstance(output, tuple) else output
+            if hidden.dim() == 4:  # [streams, b, T, H]: Gemma 3n's AltUp streams; the first is the active one
+                hidden = hidden[0]
+            self._outputs[index] = hidden
 
         return hook
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from .config import JetSpecConfig, default_target_layer_ids, target_value
+from .config import JetSpecConfig, default_target_layer_ids, target_size, target_value
 from .hub import model_card, push_head
 
 
@@ -190,7 +190,7 @@ class JetSpecHead(PreTrainedModel):
         text = model.config.get_text_config()
         vocab = model.get_output_embeddings().weight.shape[0]
         hidden = text.hidden_size
-        heads = target_value(text, "num_attention_heads", default=1)
+        heads = target_size(text, "num_attention_heads", default=1)
         eos = target_value(text, "eos_token_id")
         eos = eos[0] if isinstance(eos, list) and eos else eos
         mask_id = next((t for t in (target_value(text, "pad_token_id"), eos)
@@ -203,11 +203,11 @@ class JetSpecHead(PreTrainedModel):
             target_layer_ids=default_target_layer_ids(text.num_hidden_layers, num_taps),
             num_hidden_layers=2,
             hidden_size=hidden,
-            intermediate_size=target_value(text, "intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim",
-                                           default=4 * hidden),
+            intermediate_size=target_size(text, "intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim",
+                                          default=4 * hidden),
             num_attention_heads=heads,
-            num_key_value_heads=target_value(text, "num_key_value_heads", default=heads),
-            head_dim=target_value(text, "head_dim", default=hidden // heads),
+            num_key_value_heads=target_size(text, "num_key_value_heads", default=heads),
+            head_dim=target_size(text, "head_dim", default=hidden // heads),
             rms_norm_eps=float(target_value(text, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
                                             default=1e-6)),
             rope_theta=rope.get("rope_theta", target_value(text, "rope_theta", default=10000.0)),

@@ -35,17 +35,17 @@ def check_range(name: str, value: int, minimum: int = 1, maximum: int = MAX_FORW
 def forward_bytes(model, tokens: int, keys: int) -> int:
     """Bytes a verification forward of ``tokens`` new tokens attending to ``keys`` keys allocates besides the model
     and the KV cache of the sequence itself (an estimate that errs on the large side; see the module doc)."""
-    from .config import target_value
+    from .config import target_size
 
     config = model.config.get_text_config()
     elem = next(model.parameters()).element_size()
     vocab = model.get_output_embeddings().weight.shape[0]
-    hidden = target_value(config, "hidden_size", "n_embd", "d_model", default=vocab)
-    heads = target_value(config, "num_attention_heads", "n_head", default=1)
-    kv_heads = target_value(config, "num_key_value_heads", default=heads)
-    head_dim = target_value(config, "head_dim", default=hidden // heads)
-    intermediate = target_value(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
-    layers = target_value(config, "num_hidden_layers", "n_layer", default=1)
+    hidden = target_size(config, "hidden_size", "n_embd", "d_model", default=vocab)
+    heads = target_size(config, "num_attention_heads", "n_head", default=1)
+    kv_heads = target_size(config, "num_key_value_heads", default=heads)
+    head_dim = target_size(config, "head_dim", default=hidden // heads)
+    intermediate = target_size(config, "intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    layers = target_size(config, "num_hidden_layers", "n_layer", default=1)
     logits = tokens * vocab * (elem + 4)
     mask = tokens * keys * (elem + 1) + tokens * tokens
     attention = heads * tokens * keys * 4
