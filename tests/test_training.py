@@ -470,3 +470,36 @@ def test_init_from_target_refuses_a_head_of_another_shape():
     with pytest.raises(ValueError, match="the head has 3 layers; the target only 2"):
         init_from_target(deep, target)
     assert all(torch.equal(v, before[k]) for k, v in wide.state_dict().items())  # refused: nothing half-copied
+
+
+@pytest.mark.parametrize("model_type,extra", [
+    ("llama", dict()),
+    ("gemma2", dict(head_dim=16, final_logit_softcapping=2.0)),  # soft-capping (Gemma 2 / 3 / 3n / 4)
+    ("granite", dict(logits_scaling=8.0)),  # Granite divides its logits
+    ("cohere", dict(logit_scale=0.25)),  # Cohere multiplies them
+])
+def test_teacher_is_the_targets_own_distribution(model_type, extra):
+    """The teacher is built from the target's final hidden states (stored in feature stores); it was
+    ``lm_head(final)``, which for these families is not the target's logits (Granite's are 8x flatter here), so a
+    head learnt another distribution. `teacher_transform` adds their post-processing; `check_teacher` refuses a
+    target whose logits it cannot reproduce."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_jetspec.training.features import check_teacher, teacher_transform
+
+    config = AutoConfig.for_model(model_type, vocab_size=96, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                  initializer_range=0.5, **extra)
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = target(ids).logits
+        _, final = target_states(target, ids, None, [0])
+        raw = target.get_output_embeddings()(final)
+    transform = teacher_transform(target)
+    assert torch.allclose(transform(raw), logits, atol=1e-5)
+    assert extra == {} or not torch.allclose(raw, logits, atol=1e-2)  # the families where this matters
+    check_teacher(target, transform)
+    with pytest.raises(ValueError, match="post-processes them"):
+        check_teacher(target, lambda x: 3 * transform(x))

@@ -34,6 +34,46 @@ def target_states(target, input_ids: torch.Tensor, attention_mask: torch.Tensor 
         return tap.features(), out.last_hidden_state
 
 
+def teacher_transform(target):
+    """``logits [..., V] -> logits``: what the target's forward applies to ``lm_head(final hidden state)``, so that
+    the teacher built from stored final states is the target's own distribution: final logit soft-capping (Gemma
+    2 / 3 / 3n / 4: ``c * tanh(x / c)``), Granite's ``logits_scaling`` (divides), Cohere's ``logit_scale``
+    (multiplies); the identity elsewhere. `check_teacher` verifies it on the target itself."""
+    config = target.config.get_text_config()
+    softcap = getattr(config, "final_logit_softcapping", None)
+    divide = getattr(config, "logits_scaling", None)
+    multiply = getattr(config, "logit_scale", None)
+
+    def transform(logits: torch.Tensor) -> torch.Tensor:
+        if multiply is not None:
+            logits = logits * multiply
+        if divide is not None:
+            logits = logits / divide
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
+    return transform
+
+
+@torch.no_grad()
+def check_teacher(target, transform) -> None:
+    """Raise ``ValueError`` unless ``transform(lm_head(final hidden))`` reproduces the target's logits on a short
+    sequence: a target with post-processing `teacher_transform` does not know would otherwise train the head towards
+    another distribution than the target's."""
+    lm_head = target.get_output_embeddings()
+    vocab = lm_head.weight.shape[0]
+    ids = (torch.arange(8) * 7919 % vocab)[None].to(lm_head.weight.device)
+    logits = target(input_ids=ids, use_cache=False).logits.float()
+    final = decoder_of(target)(input_ids=ids, use_cache=False).last_hidden_state
+    teacher = transform(lm_head(final).float())
+    error = (teacher - logits).norm() / logits.norm().clamp(min=1e-6)
+    if not bool(error < 1e-2):
+        raise ValueError(f"{type(target).__name__}'s logits are not its LM head applied to its last hidden state "
+                         f"(relative difference {float(error):.3g}): it post-processes them in a way hf_jetspec's "
+                         "trainer does not know, so a head would learn another distribution than the target's.")
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

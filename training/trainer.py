@@ -22,7 +22,8 @@ from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.head import JetSpecHead
 
 from .data import eos_token_ids
-from .features import FeatureStore, cap_prompts, read_rows, split_rows, target_states
+from .features import (FeatureStore, cap_prompts, check_teacher, read_rows, split_rows, target_states,
+                       teacher_transform)
 from .init import init_from_target
 from .loss import jetspec_loss, logits_projection, sample_anchors
 from .vocab import frequent_tokens
@@ -111,6 +112,8 @@ class JetSpecTrainer(Trainer):
         self.logits_dtype = logits_dtype
         self.sample_slots = sample_slots
         self.target = target.eval().requires_grad_(False)
+        self.teacher_transform = teacher_transform(self.target)
+        check_teacher(self.target, self.teacher_transform)
         self.kd_temperature = kd_temperature
         self.depth_decay = depth_decay
         self.eval_max_new_tokens = eval_max_new_tokens
@@ -132,7 +135,7 @@ class JetSpecTrainer(Trainer):
         project = logits_projection(lm_head, self.logits_dtype)
 
         def teacher(batch_index, positions):
-            return project(final[batch_index, positions])
+            return self.teacher_transform(project(final[batch_index, positions]))
 
         loss = jetspec_loss(head, features, inputs["input_ids"], inputs["lengths"], inputs["anchors"], teacher,
                             self.target.get_input_embeddings(), lm_head, self.kd_temperature, self.depth_decay,
