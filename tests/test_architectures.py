@@ -566,3 +566,19 @@ def test_image_batches_are_refused_text_batches_decode():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
                              **strategies(model, free_run[:1], seed=2)[name])
         assert torch.equal(out, free_run), f"[qwen2_vl text batch {name}]"
+
+
+def test_family_sweep_script(capsys):
+    """docs/family_sweep.py (every causal-LM family through every strategy, run after transformers upgrades)
+    classifies families: a supported one is lossless, one that takes no position_ids is refused."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "family_sweep.py"
+    spec = importlib.util.spec_from_file_location("family_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    assert sweep.main(["llama", "bart"]) == 0
+    table = capsys.readouterr().out
+    assert "| lossless | 1 | llama |" in table and "| refused | 1 | bart |" in table
+    assert "| bart | refused | ValueError: BartForCausalLM takes no position_ids" in table
