@@ -488,9 +488,19 @@ IMAGE, VISION_START, VISION_END = VOCAB - 1, VOCAB - 3, VOCAB - 4
 def vision_language_model(family: str):
     """A tiny random vision-language model and ``(model, image kwargs)`` for one 56x56 image: Qwen2-VL / Qwen3-VL
     (multimodal RoPE: 16 patches merged into 4 image tokens at grid positions, so the text after the image continues
-    from the grid's largest position, 2 below its index) or LLaVA (image tokens at ordinary positions)."""
+    from the grid's largest position, 2 below its index), LLaVA or Gemma 3 (image tokens at ordinary positions;
+    Gemma 3's attend to each other bidirectionally in the prefill)."""
     torch.manual_seed(9)
-    if family == "llava":
+    if family == "gemma3":
+        from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=28, patch_size=14)
+        model = Gemma3ForConditionalGeneration(Gemma3Config(
+            text_config={**COMMON, "head_dim": 8, "sliding_window": 5, "layer_types": MIXED}, vision_config=vision,
+            mm_tokens_per_image=4, image_token_index=IMAGE, boi_token_index=VISION_START, eoi_token_index=VISION_END))
+        image = dict(pixel_values=torch.randn(1, 3, 28, 28))
+    elif family == "llava":
         from transformers import LlavaConfig, LlavaForConditionalGeneration
 
         vision = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=2,
@@ -536,7 +546,8 @@ def image_prompt(model, image: dict, before: int, after: int, seed: int) -> dict
     return inputs
 
 
-@pytest.mark.parametrize("family,after", [("qwen2_vl", 4), ("qwen2_vl", 0), ("qwen3_vl", 3), ("llava", 4)])
+@pytest.mark.parametrize("family,after", [("qwen2_vl", 4), ("qwen2_vl", 0), ("qwen3_vl", 3), ("llava", 4),
+                                          ("gemma3", 4)])
 def test_image_prompts_are_lossless(family, after):
     """An image in the prompt: every strategy returns plain ``generate()``'s tokens. With multimodal RoPE the text
     after the image sits 2 positions below its index (`hf_jetspec.rope.position_offset`); verifying at the index
