@@ -18,8 +18,9 @@ try keeps the default layer count and head size, which some configs tie to other
 Outcomes per family: ``lossless`` (every strategy returned plain greedy's tokens), ``refused`` (every strategy
 raised hf_jetspec's ValueError naming the problem), ``partly refused`` (some strategies lossless, the others
 refused by name: a head cannot tap BERT-style layer stacks), ``not built`` (plain ``generate()`` itself failed on the shrunk
-config: not a finding about hf_jetspec), and the findings ``DIFF`` (other tokens) and ``CRASH`` (any other
-exception), which must not occur.
+config: not a finding about hf_jetspec), ``drift`` (other tokens, from a model whose own one-token and multi-token
+forwards differ far beyond float32 rounding: `forward_drift`), and the findings ``DIFF`` (other tokens) and
+``CRASH`` (any other exception), which must not occur.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ import warnings
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import hf_jetspec
 from hf_jetspec import JetSpecHead
+from hf_jetspec.cache import cache_kwarg
 
 VOCAB = 96
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -49,6 +51,7 @@ SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_
              n_head=4, n_layer=2, n_positions=256, d_model=32, ffn_dim=64, n_inner=64,
              shared_expert_intermediate_size=32, tie_word_embeddings=False)
 KEEP_DEPTH = ("num_hidden_layers", "n_layer", "head_dim")  # left at their defaults on the second try
+DRIFT = 1e-3  # `forward_drift` beyond float32 rounding
 
 
 class ScrambledOracle:
@@ -105,6 +108,19 @@ def strategies(model, reference: torch.Tensor) -> dict:
     }
 
 
+@torch.no_grad()
+def forward_drift(model, ids: torch.Tensor) -> float:
+    """Largest difference between the last position's logits of one forward over ``ids [1, T]`` and of one-token
+    forwards fed one after another (how plain ``generate()`` decodes), relative to the logits' spread. Last-bit
+    rounding gives ~1e-6; a model whose layers amplify it (hard activation thresholds) gives far more, and then any
+    speculative method, transformers' prompt lookup included, drifts from plain greedy in float32 as in bf16."""
+    full = model(ids).logits[0, -1]
+    cache = DynamicCache(config=model.config)
+    for t in range(ids.shape[1]):
+        step = model(ids[:, t : t + 1], use_cache=True, **{cache_kwarg(model): cache}).logits[0, -1]
+    return float((step - full).abs().max() / full.std().clamp(min=1e-6))
+
+
 def sweep_family(model_type: str) -> dict:
     prompt = torch.randint(3, VOCAB - 6, (1, 7), generator=torch.Generator().manual_seed(1))
     errors = []
@@ -132,6 +148,10 @@ def sweep_family(model_type: str) -> dict:
             results[name] = f"{'REFUSED' if ours else 'CRASH'} {type(e).__name__}: {str(e)[:200]}" + (
                 "" if ours else f" ({frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})")
     kinds = {v.split()[0] for v in results.values()}
+    if "DIFF" in kinds and (drift := forward_drift(model, reference)) > DRIFT:
+        return {"outcome": "drift", "class": type(model).__name__,
+                "detail": f"the model's own one-token and multi-token forwards differ by {drift:.2g} of its logits' "
+                          f"spread (float32); {json.dumps(results)}"}
     outcome = "lossless" if kinds == {"OK"} else "refused" if kinds == {"REFUSED"} else \
         "DIFF" if "DIFF" in kinds else "CRASH" if "CRASH" in kinds else "partly refused"
     if outcome == "refused":
@@ -167,7 +187,7 @@ def main(argv=None) -> int:
         print(f"{model_type}: {results[model_type]['outcome']} ({time.perf_counter() - start:.0f} s)",
               file=sys.stderr, flush=True)
     signal.signal(signal.SIGALRM, previous)
-    order = ["DIFF", "CRASH", "lossless", "partly refused", "refused", "not built"]
+    order = ["DIFF", "CRASH", "lossless", "drift", "partly refused", "refused", "not built"]
     print(f"transformers {transformers.__version__}, hf_jetspec {hf_jetspec.__version__}, {len(families)} families\n")
     print("| outcome | count | families |\n|---|---|---|")
     for outcome in order:
