@@ -278,6 +278,29 @@ def test_heads_for_targets_that_name_fields_differently():
         assert_same_tokens(free_run, out, f"[{model_type} head]")
 
 
+def test_bert_style_stacks_and_factorised_embeddings():
+    """BERT-style stacks used as decoders keep their layers in ``encoder.layer``: a head taps them (it was refused:
+    "Cannot find the decoder layers of BertLMHeadModel"). ELECTRA factorises its embeddings (narrower than the
+    hidden size) and a head, which shares the target's embeddings and LM head at the hidden size, crashed inside its
+    RMSNorm; it is refused by name, and the training-free strategies stay lossless."""
+    bert = make("bert", seed=6, is_decoder=True)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(6))
+    free_run = greedy_reference(bert, prompt, max_new_tokens=16)
+    for name, kwargs in strategies(bert, free_run, seed=6).items():
+        out = bert.generate(prompt, do_sample=False, max_new_tokens=16, **kwargs)
+        assert_same_tokens(free_run, out, f"[bert {name}]")
+    electra = make("electra", seed=6, is_decoder=True, embedding_size=16)
+    with pytest.raises(ValueError, match="token embeddings 16-dim, LM head 16-dim, hidden size 32"):
+        JetSpecHead.for_target(electra)
+    free_run = greedy_reference(electra, prompt, max_new_tokens=16)
+    for name, kwargs in [("oracle", dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=12, retrieval=False,
+                                         drafter=ScrambledOracle(free_run, VOCAB, 6, seed=6))),
+                         ("suffix", dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None)),
+                         ("jacobi", dict(custom_generate=hf_jetspec.jacobi_generate))]:
+        out = electra.generate(prompt, do_sample=False, max_new_tokens=16, **kwargs)
+        assert_same_tokens(free_run, out, f"[electra {name}]")
+
+
 def test_use_cache_false_by_the_models_own_config_is_named():
     """MPT's config defaults to use_cache=False: the error says where that can come from and what to pass."""
     model = make("llama", seed=9, use_cache=False)

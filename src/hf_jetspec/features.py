@@ -21,6 +21,11 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
                 layers = getattr(candidate, name, None)
                 if isinstance(layers, nn.ModuleList):
                     return layers
+    # BERT-style stacks used as decoders (BertLMHeadModel, RoBERTa, ELECTRA, ...): `<base>.encoder.layer`
+    count = getattr(model.config.get_text_config(), "num_hidden_layers", None)
+    for name, module in model.named_modules():
+        if name.endswith("encoder.layer") and isinstance(module, nn.ModuleList) and len(module) == count:
+            return module
     raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (expected a `.layers` or `.h` "
                      "ModuleList)")
 

@@ -190,6 +190,7 @@ class JetSpecHead(PreTrainedModel):
         text = model.config.get_text_config()
         vocab = model.get_output_embeddings().weight.shape[0]
         hidden = text.hidden_size
+        check_embedding_widths(model, hidden)
         heads = target_size(text, "num_attention_heads", default=1)
         eos = target_value(text, "eos_token_id")
         eos = eos[0] if isinstance(eos, list) and eos else eos
@@ -225,6 +226,7 @@ class JetSpecHead(PreTrainedModel):
         text = model.config.get_text_config()
         cfg = self.config
         vocab = model.get_output_embeddings().weight.shape[0]
+        check_embedding_widths(model, text.hidden_size)
         problems = []
         if text.hidden_size != cfg.hidden_size:
             problems.append(f"hidden size {text.hidden_size} != head's {cfg.hidden_size}")
@@ -376,6 +378,18 @@ class JetSpecHead(PreTrainedModel):
 
     def forward(self, *args, **kwargs):  # a head drafts with `draft` / `decode_block`; a caller of forward() is
         raise TypeError(NOT_A_LANGUAGE_MODEL)  # transformers' own drafter (e.g. speculation_type="dflash")
+
+
+def check_embedding_widths(model: PreTrainedModel, hidden: int) -> None:
+    """A head embeds its block with the target's token embeddings and projects its output with the target's LM head,
+    both at the head's width, the target's hidden size: refuse targets whose embeddings are narrower or wider
+    (ELECTRA, RemBERT, ALBERT factorise them)."""
+    widths = {"token embeddings": model.get_input_embeddings().weight.shape[1],
+              "LM head": model.get_output_embeddings().weight.shape[1]}
+    if any(width != hidden for width in widths.values()):
+        raise ValueError(f"{type(model).__name__}: " + ", ".join(f"{n} {w}-dim" for n, w in widths.items())
+                         + f", hidden size {hidden}: a JetSpec head shares the target's token embeddings and LM head "
+                         "at its hidden size, so it cannot draft for this target (the training-free strategies can).")
 
 
 NOT_A_LANGUAGE_MODEL = (
