@@ -41,6 +41,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 import hf_jetspec
 from hf_jetspec import JetSpecHead
 from hf_jetspec.cache import cache_kwarg
+from hf_jetspec.drafters import ScrambledOracleDrafter
 
 VOCAB = 96
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -52,29 +53,6 @@ SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_
              shared_expert_intermediate_size=32, tie_word_embeddings=False)
 KEEP_DEPTH = ("num_hidden_layers", "n_layer", "head_dim")  # left at their defaults on the second try
 DRIFT = 1e-3  # `forward_drift` beyond float32 rounding
-
-
-class ScrambledOracle:
-    """Drafts the known greedy continuation, ranked first 60% of the time, second 25%, else at random."""
-
-    def __init__(self, reference: torch.Tensor, block_size: int = 6, seed: int = 1) -> None:
-        self.reference, self.block_size, self.seed = reference.reshape(-1), block_size, seed
-        self.layer_ids: list[int] = []
-
-    def start(self) -> None:
-        pass
-
-    def observe(self, features, visited) -> None:
-        pass
-
-    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
-        start, depth = ids.shape[1], min(depth, self.block_size - 1)
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + start)
-        logits, u = torch.randn(depth, VOCAB, generator=gen) * 2, torch.rand(depth, generator=gen)
-        for d, token in enumerate(self.reference[start : start + depth].tolist()):
-            top2 = logits[d].topk(2).values
-            logits[d, token] = top2[0] + 1.0 if u[d] < 0.6 else (top2[0] + top2[1]) / 2 if u[d] < 0.85 else 0.0
-        return logits
 
 
 class Timeout(Exception):
@@ -100,7 +78,7 @@ def build(model_type: str, shrink_depth: bool):
 def strategies(model, reference: torch.Tensor) -> dict:
     return {
         "tree": lambda: dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=10, retrieval=False,
-                             drafter=ScrambledOracle(reference)),
+                             drafter=ScrambledOracleDrafter(reference, VOCAB, block_size=6, seed=1)),
         "head": lambda: dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=8,
                              draft_head=JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)),
         "suffix": lambda: dict(custom_generate=hf_jetspec.suffix_generate, node_cost=0.05),

@@ -1,6 +1,6 @@
-"""Test helpers: tiny random targets (Qwen3, Qwen3-MoE, Llama), a scrambled oracle drafter, the
-plain-greedy-versus-strategy comparison every equivalence test uses, and the exact-distribution machinery of the
-sampling tests (enumerated processed next-token tables, joints, chi-squared p-values)."""
+"""Test helpers: tiny random targets (Qwen3, Qwen3-MoE, Llama), `ScrambledOracle` (the library's
+`ScrambledOracleDrafter`), the plain-greedy-versus-strategy comparison every equivalence test uses, and the
+exact-distribution machinery of the sampling tests (enumerated processed next-token tables, joints, chi-squared p-values)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from transformers import (
 )
 
 import hf_jetspec
+from hf_jetspec.drafters import ScrambledOracleDrafter
 
 TARGET_FAMILIES = ("qwen3", "qwen3_moe", "llama")
 
@@ -58,38 +59,8 @@ class StopAfterToken(StoppingCriteria):
         return input_ids[:, -1] == self.token
 
 
-class ScrambledOracle:
-    """A drafter that knows the target's continuation but ranks it unreliably: at each depth the true token is
-    ranked first with probability ``p_first``, second with ``p_second``, else it gets a random logit. The scramble
-    depends only on (seed, absolute position, depth), so runs are reproducible. Accepted lengths vary from 1 to the
-    full block, and accepted paths often leave the first branch (exercising cache compaction)."""
-
-    def __init__(self, reference: torch.Tensor, vocab: int, block_size: int, seed: int = 0,
-                 p_first: float = 0.6, p_second: float = 0.25) -> None:
-        self.reference = reference.reshape(-1)
-        self.vocab, self.block_size, self.seed = vocab, block_size, seed
-        self.p_first, self.p_second = p_first, p_second
-        self.layer_ids: list[int] = []
-
-    def start(self) -> None:
-        pass
-
-    def observe(self, features, visited) -> None:
-        pass
-
-    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
-        start, depth = ids.shape[1], min(depth, self.block_size - 1)
-        gen = torch.Generator().manual_seed(self.seed * 100_003 + start)
-        logits = torch.randn(depth, self.vocab, generator=gen) * 2
-        u = torch.rand(depth, generator=gen)
-        future = self.reference[start : start + depth]
-        for d, token in enumerate(future.tolist()):
-            top2 = logits[d].topk(2).values
-            if u[d] < self.p_first:
-                logits[d, token] = top2[0] + 1.0
-            elif u[d] < self.p_first + self.p_second:
-                logits[d, token] = (top2[0] + top2[1]) / 2
-        return logits
+# A drafter that knows the target's continuation but ranks it unreliably (see its docstring).
+ScrambledOracle = ScrambledOracleDrafter
 
 
 def greedy_reference(model, prompt: torch.Tensor, **gen_kwargs) -> torch.Tensor:

@@ -145,6 +145,33 @@ def test_oracle_accepts_whole_block(family, block):
     assert out.stats.tau == pytest.approx(sum(steps) / len(steps))
 
 
+def test_scrambled_oracle_ranks_the_truth_as_documented():
+    """The scrambled oracle (the drafter most equivalence tests use) ranks the true token first ~60% of the time and
+    second ~25%, reproducibly, and so gives varied accepted lengths and off-first-branch paths."""
+    from hf_jetspec import ScrambledOracleDrafter
+
+    reference = torch.randint(0, 128, (1, 800), generator=torch.Generator().manual_seed(0))
+    drafter = ScrambledOracleDrafter(reference, 128, 8, seed=3)
+    ranks = []
+    for start in range(1, 700, 7):
+        logits = drafter.propose(reference[:, :start], 20)
+        assert logits.shape == (7, 128)
+        assert torch.equal(logits, drafter.propose(reference[:, :start], 20))
+        truth = reference[0, start : start + 7]
+        ranks += (logits > logits.gather(1, truth[:, None])).sum(1).tolist()
+    first, second = ranks.count(0) / len(ranks), ranks.count(1) / len(ranks)
+    assert 0.53 < first < 0.67 and 0.19 < second < 0.31
+    assert not torch.equal(drafter.propose(reference[:, :5], 7),
+                           ScrambledOracleDrafter(reference, 128, 8, seed=4).propose(reference[:, :5], 7))
+    model = make_target("llama", seed=2)
+    prompt = reference[:, :6] % 120 + 3
+    plain = greedy_reference(model, prompt, max_new_tokens=60)
+    out = jetspec(model, prompt, drafter=ScrambledOracleDrafter(plain, 128, 8, seed=1), tree_budget=12,
+                  retrieval=False, max_new_tokens=60, return_dict_in_generate=True)
+    assert_same_tokens(plain, out.sequences)
+    assert len(set(out.accept_lengths)) >= 3
+
+
 @pytest.mark.parametrize("budget", [1, 3, 8, 40])
 def test_drafter_is_asked_for_the_depth_the_tree_can_use(budget):
     """Each step asks the drafter for min(block - 1, budget - 1, tokens left - 1) depths (no more is ever

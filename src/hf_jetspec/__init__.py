@@ -23,6 +23,7 @@ _EXPORTS = {
     "suffix_generate": "decoding",
     "HeadDrafter": "drafters",
     "OracleDrafter": "drafters",
+    "ScrambledOracleDrafter": "drafters",
     "JetSpecHead": "head",
     "enable": "integration",
     "default_head": "models",

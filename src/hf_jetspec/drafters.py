@@ -114,3 +114,31 @@ class OracleDrafter:
         logits[: len(future)] = -30.0
         logits[torch.arange(len(future), device=ids.device), future] = 0.0
         return logits
+
+
+class ScrambledOracleDrafter(OracleDrafter):
+    """A test double that knows the continuation but ranks it unreliably, so accepted lengths vary from 1 to the
+    whole block and accepted paths often leave the first branch (exercising tree verification and cache compaction).
+
+    At each depth the true token is ranked first with probability ``p_first``, second with ``p_second``, else it
+    keeps a random logit. The scramble depends only on (``seed``, committed length, depth): runs are reproducible.
+    ``propose`` returns ``logits [min(depth, block_size - 1), vocab_size]`` on the CPU.
+    """
+
+    def __init__(self, reference: torch.Tensor, vocab_size: int, block_size: int = 16, seed: int = 0,
+                 p_first: float = 0.6, p_second: float = 0.25) -> None:
+        super().__init__(reference, vocab_size, block_size)
+        self.seed, self.p_first, self.p_second = seed, p_first, p_second
+
+    def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
+        start, depth = ids.shape[1], max(0, min(depth, self.block_size - 1))
+        gen = torch.Generator().manual_seed(self.seed * 100_003 + start)
+        logits = torch.randn(depth, self.vocab_size, generator=gen) * 2
+        u = torch.rand(depth, generator=gen)
+        for d, token in enumerate(self.reference[start : start + depth].tolist()):
+            top2 = logits[d].topk(2).values
+            if u[d] < self.p_first:
+                logits[d, token] = top2[0] + 1.0
+            elif u[d] < self.p_first + self.p_second:
+                logits[d, token] = (top2[0] + top2[1]) / 2
+        return logits
