@@ -522,7 +522,36 @@ def vision_language_model(family: str):
         model = Gemma3ForConditionalGeneration(Gemma3Config(
             text_config={**COMMON, "head_dim": 8, "sliding_window": 5, "layer_types": MIXED}, vision_config=vision,
             mm_tokens_per_image=4, image_token_index=IMAGE, boi_token_index=VISION_START, eoi_token_index=VISION_END))
+        with torch.no_grad():  # initialised to zeros: the image would reach the text as zeros
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.3)
         image = dict(pixel_values=torch.randn(1, 3, 28, 28))
+    elif family == "paligemma":
+        from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
+
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=28, patch_size=14, projection_dim=32)
+        model = PaliGemmaForConditionalGeneration(PaliGemmaConfig(
+            # a low RoPE base: a position off by one (PaliGemma's start at 1) changes the greedy tokens at once
+            text_config={**COMMON, "head_dim": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 10.0}},
+            vision_config=vision, image_token_index=IMAGE, projection_dim=32,
+            hidden_size=32, vocab_size=VOCAB))
+        image = dict(pixel_values=torch.randn(1, 3, 28, 28))
+    elif family == "mllama":
+        from transformers import MllamaConfig, MllamaForConditionalGeneration
+
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_global_layers=1,
+                      attention_heads=2, image_size=28, patch_size=14, max_num_tiles=2, vision_output_dim=32,
+                      supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]], intermediate_layers_indices=[0])
+        model = MllamaForConditionalGeneration(MllamaConfig(
+            vision_config=vision, text_config={**COMMON, "num_hidden_layers": 3, "cross_attention_layers": [1]},
+            image_token_index=VOCAB))  # the image token is the first of 8 extra embeddings
+        with torch.no_grad():  # the cross-attention tanh gates start at 0: the image would contribute nothing
+            for name, param in model.named_parameters():
+                if name.endswith("gate") or name.endswith("_gate"):
+                    param.fill_(1.0)
+        # one image on 1 of its 2 tiles (aspect ratio [1, 1]; the second tile is padding)
+        image = dict(pixel_values=torch.randn(1, 1, 2, 3, 28, 28), aspect_ratio_ids=torch.tensor([[1]]),
+                     aspect_ratio_mask=torch.tensor([[[1, 0]]]))
     elif family == "llava":
         from transformers import LlavaConfig, LlavaForConditionalGeneration
 
@@ -561,6 +590,11 @@ def image_prompt(model, image: dict, before: int, after: int, seed: int) -> dict
     import inspect
 
     text = torch.randint(3, VOCAB - 5, (1, before + after), generator=torch.Generator().manual_seed(seed))
+    if "aspect_ratio_ids" in image:  # Mllama: one image token; the tokens from it on cross-attend to the used tiles
+        ids = torch.cat([text[:, :before], torch.tensor([[VOCAB]]), text[:, before:]], dim=1)
+        cross = torch.zeros(1, ids.shape[1], 1, 2, dtype=torch.long)
+        cross[:, before:, 0, :1] = 1
+        return dict(input_ids=ids, cross_attention_mask=cross, **image)
     ids = torch.cat([text[:, :before], torch.tensor([[VISION_START] + [IMAGE] * 4 + [VISION_END]]),
                      text[:, before:]], dim=1)
     inputs = dict(input_ids=ids, **image)
@@ -570,17 +604,45 @@ def image_prompt(model, image: dict, before: int, after: int, seed: int) -> dict
 
 
 @pytest.mark.parametrize("family,after", [("qwen2_vl", 4), ("qwen2_vl", 0), ("qwen3_vl", 3), ("llava", 4),
-                                          ("gemma3", 4)])
+                                          ("gemma3", 4), ("paligemma", 4), ("mllama", 4), ("mllama", 0)])
 def test_image_prompts_are_lossless(family, after):
-    """An image in the prompt: every strategy returns plain ``generate()``'s tokens. With multimodal RoPE the text
-    after the image sits 2 positions below its index (`hf_jetspec.rope.position_offset`); verifying at the index
-    gave other tokens from the first step on, for every strategy. ``after=0``: the prompt ends with the image."""
+    """An image in the prompt: every strategy returns plain ``generate()``'s tokens (and the image changes them, so
+    the test sees it). With multimodal RoPE the text after the image sits 2 positions below its index, PaliGemma's
+    positions start at 1 (`hf_jetspec.rope.position_offset`); verifying at the index gave other tokens, for every
+    strategy. Mllama cross-attends to the image from cache layers that hold it (never compacted) under a per-token
+    ``cross_attention_mask`` (each new token repeats the last row); before, every strategy crashed or differed.
+    ``after=0``: the prompt ends with the image."""
     model, image = vision_language_model(family)
     inputs = image_prompt(model, image, before=3, after=after, seed=after)
     free_run = model.generate(**inputs, do_sample=False, max_new_tokens=20)
+    other = {k: torch.randn_like(v) if k == "pixel_values" else v for k, v in inputs.items()}
+    assert not torch.equal(free_run, model.generate(**other, do_sample=False, max_new_tokens=20))
     for name, kwargs in strategies(model, free_run, seed=9).items():
         out = model.generate(**inputs, do_sample=False, max_new_tokens=20, **kwargs)
         assert_same_tokens(free_run, out, f"[{family} image {name}]")
+
+
+def test_cross_attention_target_text_prompts_head_taps_and_kernel():
+    """Mllama without an image (its cross-attention layers hold nothing and are skipped) is lossless; a fresh head
+    taps no cross-attention layer (a text-only prompt skips them) and a head that does is refused by name; the
+    Triton kernel, which attends to the sequence only, is refused."""
+    model, _ = vision_language_model("mllama")
+    cross = hf_jetspec.config.cross_attention_layers(model)
+    assert cross == {1}
+    prompt = torch.randint(3, VOCAB - 5, (1, 8), generator=torch.Generator().manual_seed(3))
+    free_run = greedy_reference(model, prompt, max_new_tokens=16)
+    for name, kwargs in strategies(model, free_run, seed=3).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=16, **kwargs)
+        assert_same_tokens(free_run, out, f"[mllama text {name}]")
+    head = JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)
+    assert head.config.target_layer_ids == [0, 2]
+    tapping = JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1, target_layer_ids=[1, 2])
+    with pytest.raises(ValueError, match=r"tap layers \[1\] are the target's cross-attention layers"):
+        model.generate(prompt, do_sample=False, max_new_tokens=4, custom_generate=hf_jetspec.jetspec_generate,
+                       draft_head=tapping)
+    with pytest.raises(ValueError, match="cross-attention layers .* tree_kernel=None or False"):
+        model.generate(prompt, do_sample=False, max_new_tokens=4, custom_generate=hf_jetspec.suffix_generate,
+                       tree_kernel=True)
 
 
 def test_image_batches_are_refused_text_batches_decode():
@@ -616,3 +678,18 @@ def test_family_sweep_script(capsys):
     table = capsys.readouterr().out
     assert "| lossless | 1 | llama |" in table and "| refused | 1 | bart |" in table
     assert "| bart | refused | ValueError: BartForCausalLM takes no position_ids" in table
+
+
+def test_vlm_sweep_script(capsys):
+    """docs/vlm_sweep.py (image prompts on vision-language families, run after transformers upgrades): Mllama
+    (cross-attention) and Gemma 4 (KV sharing, bidirectional image attention) rows come out lossless."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "vlm_sweep.py"
+    spec = importlib.util.spec_from_file_location("vlm_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    assert sweep.main(["mllama", "gemma4"]) == 0
+    table = capsys.readouterr().out
+    assert "| lossless | 4 |" in table and "| mllama (2 tiles) | MllamaForConditionalGeneration | lossless |" in table

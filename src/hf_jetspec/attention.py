@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import forward_parameters
+from .config import cross_attention_layers
 from .devices import execution_device
 
 MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
@@ -126,7 +127,11 @@ def plan_tree_attention(model, use_kernel: bool | None = None) -> TreeAttentionP
     if use_kernel and window is not None:
         raise ValueError(f"The jetspec_tree Triton kernel has no sliding window; {type(model).__name__} slides "
                          f"({window} tokens): pass tree_kernel=None or False.")
-    automatic = use_kernel is None and window is None and (impl == KERNEL_IMPLEMENTATION or device.type == "cuda")
+    if use_kernel and cross_attention_layers(model):
+        raise ValueError(f"The jetspec_tree Triton kernel attends to the sequence only; {type(model).__name__} has "
+                         "cross-attention layers (to an image): pass tree_kernel=None or False.")
+    automatic = use_kernel is None and window is None and not cross_attention_layers(model) and \
+        (impl == KERNEL_IMPLEMENTATION or device.type == "cuda")
     if (use_kernel or automatic) and _kernel_usable(device):
         return TreeAttentionPlan(KERNEL_IMPLEMENTATION, kernel=True)
     if use_kernel:

@@ -106,14 +106,19 @@ def room_left(cache, prefix_len: int) -> int | None:
     return storing_layers(cache)[0].max_cache_len - prefix_len if isinstance(cache, StaticCache) else None
 
 
-def keep_positions(cache, prefix_len: int, keep: list[int]) -> None:
+def keep_positions(cache, prefix_len: int, keep: list[int], fixed: frozenset[int] = frozenset()) -> None:
     """Compact ``cache`` after a forward that appended nodes at slots ``prefix_len + i``: keep the nodes ``keep``
     (ascending, a root-to-node path) at slots ``prefix_len .. prefix_len + len(keep) - 1`` and drop the rest.
 
-    Accepted path nodes sit at consecutive depths, so the compacted cache is an ordinary causal prefix.
+    Accepted path nodes sit at consecutive depths, so the compacted cache is an ordinary causal prefix. Layers with
+    an index in ``fixed`` (`cross_attention_layers`) and layers that hold nothing yet (a cross-attention layer
+    without an image) are left as they are.
     """
     new_len = prefix_len + len(keep)
-    layers = storing_layers(cache)
+    layers = [layer for i, layer in enumerate(cache.layers) if i not in fixed
+              and not isinstance(layer, _EMPTY_LAYERS) and getattr(layer, "keys", None) is not None]
+    if not layers:
+        return
     index = None
     if keep != list(range(len(keep))):
         index = torch.tensor([prefix_len + i for i in keep], device=layers[0].keys.device)

@@ -18,6 +18,12 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]
     return sorted({int(round(start + i * (end - start) / (num_taps - 1))) for i in range(num_taps)})
 
 
+def cross_attention_layers(model) -> frozenset[int]:
+    """Indices of the target's cross-attention layers (Mllama: to the image), whose cache layers hold the image's
+    keys and values rather than the sequence's."""
+    return frozenset(getattr(model.config.get_text_config(), "cross_attention_layers", None) or ())
+
+
 def target_value(config, *names: str, default=None):
     """The first of ``names`` that ``config`` (a target's text config) sets to something other than None, else
     ``default``. Families name a field differently (``intermediate_size`` / ``n_inner`` / ``ffn_dim``,

@@ -16,7 +16,9 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         if owner is None:
             continue
         inner = owner.get_decoder() if hasattr(owner, "get_decoder") else None
-        for candidate in (inner, getattr(owner, "model", None), getattr(owner, "transformer", None), owner):
+        # the decoder itself, or a causal LM wrapping it (Llama 4's language model)
+        for candidate in (inner, getattr(inner, "model", None), getattr(owner, "model", None),
+                          getattr(owner, "transformer", None), owner):
             for name in ("layers", "h"):  # most models; GPT-2, Falcon, Bloom, GPT-J
                 layers = getattr(candidate, name, None)
                 if isinstance(layers, nn.ModuleList):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from .config import JetSpecConfig, default_target_layer_ids, target_size, target_value
+from .config import JetSpecConfig, cross_attention_layers, default_target_layer_ids, target_size, target_value
 from .hub import model_card, push_head
 
 
@@ -201,7 +201,8 @@ class JetSpecHead(PreTrainedModel):
         fields = dict(
             block_size=16,
             mask_token_id=mask_id,
-            target_layer_ids=default_target_layer_ids(text.num_hidden_layers, num_taps),
+            target_layer_ids=self_attention_taps(default_target_layer_ids(text.num_hidden_layers, num_taps),
+                                                 cross_attention_layers(model), text.num_hidden_layers),
             num_hidden_layers=2,
             hidden_size=hidden,
             intermediate_size=target_size(text, "intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim",
@@ -238,6 +239,9 @@ class JetSpecHead(PreTrainedModel):
             problems.append(f"model type {text.model_type!r} != head's {cfg.target_model_type!r}")
         if max(cfg.target_layer_ids) >= text.num_hidden_layers:
             problems.append(f"tap layers {cfg.target_layer_ids} exceed the target's {text.num_hidden_layers} layers")
+        if cross := sorted(set(cfg.target_layer_ids) & cross_attention_layers(model)):
+            problems.append(f"tap layers {cross} are the target's cross-attention layers (to an image; skipped "
+                            "without one)")
         if problems:
             made_for = cfg.base_model or "another target"
             raise ValueError(
@@ -378,6 +382,17 @@ class JetSpecHead(PreTrainedModel):
 
     def forward(self, *args, **kwargs):  # a head drafts with `draft` / `decode_block`; a caller of forward() is
         raise TypeError(NOT_A_LANGUAGE_MODEL)  # transformers' own drafter (e.g. speculation_type="dflash")
+
+
+def self_attention_taps(taps: list[int], cross: frozenset[int], num_layers: int) -> list[int]:
+    """``taps`` with each cross-attention layer (which a text-only prompt skips: Mllama) replaced by the nearest
+    layer not tapped yet, earlier first (dropped when there is none)."""
+    out: list[int] = []
+    for tap in taps:
+        options = [tap] + [i for d in range(1, num_layers) for i in (tap - d, tap + d)]
+        choice = next((i for i in options if 0 <= i < num_layers and i not in cross and i not in out), None)
+        out += [] if choice is None else [choice]
+    return sorted(out) or taps
 
 
 def check_embedding_widths(model: PreTrainedModel, hidden: int) -> None:

@@ -83,18 +83,21 @@ def positions_left(switch: RopeSwitch | None, prefix: int) -> int | None:
     return 0 if switch.per_position else None
 
 
-def position_offset(model, prompt_len: int, model_kwargs: dict) -> torch.Tensor | None:
-    """What ``generate()`` adds to a generated token's index in the sequence to get its position ids, read after the
-    prefill of a ``prompt_len``-token prompt: ``[..., 1, 1]`` (broadcasts against ``[1, N]`` indices), or None where
-    the two are equal (every model whose prompt holds text only).
+def position_offset(model, prompt_len: int, positions: torch.Tensor | None) -> torch.Tensor | None:
+    """What ``generate()`` adds to a generated token's index in the sequence to get its position ids: ``[..., 1, 1]``
+    (broadcasts against ``[1, N]`` indices), or None where the two are equal (most models, text-only prompts).
+    ``positions``: the position ids the prefill of a ``prompt_len``-token prompt ran with (what the model's
+    ``prepare_inputs_for_generation`` made of ``generate()``'s; None when the model computes its own).
 
-    Multimodal RoPE (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, ...) gives image and video tokens grid positions
-    (time, height, width), so the text after an image continues from the grid's largest position, not from its
-    index; position ids are then ``[3 or 4, batch, length]``. transformers >= 5.25 computes the prompt's
-    ``position_ids`` in ``generate()`` and continues every component from the prompt's last position, one per new
-    token; earlier versions leave them to the model, which adds the ``rope_deltas`` its prefill recorded.
+    ``generate()`` continues a prompt's position ids one per new token from the last, so the offset is the prompt's
+    last position minus its index. It is not zero for:
+
+    * multimodal RoPE (M-RoPE: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, ...), which gives image and video tokens grid
+      positions (time, height, width): the text after an image continues from the grid's largest position, not from
+      its index; position ids are then ``[3 or 4, batch, length]``. transformers >= 5.25 computes them in
+      ``generate()``; earlier versions leave them to the model, which adds the ``rope_deltas`` its prefill recorded;
+    * models whose positions start at 1 (PaliGemma: its ``prepare_inputs_for_generation`` adds 1 to every forward's).
     """
-    positions = model_kwargs.get("position_ids")
     if isinstance(positions, torch.Tensor) and positions.dim() >= 2 and positions.shape[-1] == prompt_len:
         offset = positions[..., -1:] - (prompt_len - 1)
     else:

@@ -244,6 +244,7 @@ def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibr
     head_depth = 0 if head_probs is None else head_probs.shape[0]
     trie_depth = 0 if candidates is None else candidates.max_depth
     depth_limit = max(head_depth, trie_depth) if max_depth is None else min(max_depth, max(head_depth, trie_depth))
+    vocab = 0 if head_probs is None else head_probs.shape[-1]
     if head_depth:
         probs = head_probs[: min(head_depth, depth_limit)].float().cpu()
         top_p, top_ids = probs.topk(max(1, min(width, probs.shape[-1])), dim=-1)
@@ -271,6 +272,8 @@ def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibr
         trie_node = trie_of[node]
         for child in trie_children[trie_node] if trie_node is not None else ():
             token = trie_tokens[child]
+            if head_depth and token >= vocab:  # an input-only id (Mllama's image token): never emitted
+                continue
             proposed.add(token)
             p_head = float(probs[depth - 1, token]) if depth <= head_depth else None
             sources = {name: (fractions[s][child], candidates.match_lens[s], counts[s][child])

@@ -11,18 +11,22 @@ from .tree import DraftTree
 
 def verify_tree(
     model, tree: DraftTree, cache, prefix_len: int, plan: TreeAttentionPlan, cache_key: str,
-    position_offset: torch.Tensor | None = None,
+    position_offset: torch.Tensor | None = None, row_inputs=None,
 ) -> torch.Tensor:
     """Run the target over the ``N`` tree nodes on top of ``prefix_len`` cached positions; return logits ``[N, V]``.
 
     The cache grows by N slots (``prefix_len .. prefix_len + N - 1``, node order); compact it afterwards. A node's
     position id is its index (prefix + depth) plus ``position_offset`` (`hf_jetspec.rope.position_offset`: the
     ``[..., 1, 1]`` shift of multimodal RoPE after an image, which also sets the ids' leading dimension).
+    ``row_inputs``: inputs with one row per token (`hf_jetspec.decoding.common.TokenRows`: Mllama's
+    ``cross_attention_mask``), or None.
     """
     positions = tree.position_ids(prefix_len)
     if position_offset is not None:
         positions = positions + position_offset.to(positions.device)
     kwargs = {cache_key: cache, "use_cache": True, "position_ids": positions}
+    if row_inputs is not None:
+        kwargs.update(row_inputs.for_forward(prefix_len, len(tree)))
     if plan.kernel:
         from .kernels import TreeMeta
 

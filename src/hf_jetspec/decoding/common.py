@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import transformers
+from packaging.version import Version
 
 from ..attention import check_position_encoding, sliding_window
 from ..cache import check_cache, full_layers
@@ -71,8 +75,38 @@ def other_decoding_method(generation_config) -> str | None:
     return None
 
 
-def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
-    """Run the prompt through the target exactly as ``generate()`` does; return the last logits ``[1, V]`` (fp32).
+# Inputs with a row per token that generate() extends by repeating the last row for every new token (Mllama's
+# `_update_model_kwargs_for_generation`): [B, T, ...] -> [B, T + 1, ...].
+ROW_REPEATED_INPUTS = ("cross_attention_mask",)
+# transformers 5.17's Mllama forward takes the whole sequence's rows and picks the forward's by cache position;
+# from 5.18 on it takes the forward's own rows.
+_ROWS_FROM_START = Version(transformers.__version__) < Version("5.18")
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """The per-token inputs of a decoding step: ``rows {name: [1, 1, ...]}``, the row of the prompt's last token,
+    which ``generate()`` repeats for every generated token."""
+
+    rows: dict
+
+    def for_forward(self, prefix_len: int, count: int) -> dict:
+        """The inputs of a forward over ``count`` new tokens after ``prefix_len`` cached ones (``[1, count, ...]``;
+        ``[1, prefix_len + count, ...]`` where the model slices them itself)."""
+        length = count + (prefix_len if _ROWS_FROM_START else 0)
+        return {name: row.expand(row.shape[0], length, *row.shape[2:]) for name, row in self.rows.items()}
+
+
+def token_row_inputs(model_kwargs: dict) -> TokenRows | None:
+    """The `TokenRows` of ``model_kwargs`` (what ``generate()`` handed the decoding method), None without any."""
+    rows = {name: value[:, -1:] for name in ROW_REPEATED_INPUTS
+            if isinstance(value := model_kwargs.get(name), torch.Tensor) and value.dim() >= 2}
+    return TokenRows(rows) if rows else None
+
+
+def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the prompt through the target exactly as ``generate()`` does; return the last logits ``[1, V]`` (fp32)
+    and the position ids the forward ran with (``[..., 1, T]``; None where the model made its own).
 
     ``model_kwargs`` is what ``generate()`` handed to the decoding method (cache included); it is not modified.
     """
@@ -83,4 +117,4 @@ def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> torch.Tensor:
             # generate() then takes the cache the forward creates; the loops keep theirs, so fill that one.
             inputs[key] = model_kwargs[key]
     out = model(**inputs, return_dict=True)
-    return out.logits[:, -1].to(dtype=torch.float32, copy=True)
+    return out.logits[:, -1].to(dtype=torch.float32, copy=True), inputs.get("position_ids")

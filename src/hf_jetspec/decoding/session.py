@@ -25,13 +25,14 @@ import torch
 
 from ..attention import plan_tree_attention
 from ..cache import cache_kwarg, keep_positions, room_left
+from ..config import cross_attention_layers
 from ..features import FeatureTap
 from ..outputs import DecodingStats, Timer
 from ..rope import position_offset, positions_left, rope_switch
 from ..tokens import TokenSelector, TokenWriter, remaining_tokens
 from ..tree import DraftTree
 from ..verify import verify_tree
-from .common import prefill, validate_call
+from .common import prefill, token_row_inputs, validate_call
 
 
 class DecodingSession:
@@ -53,6 +54,8 @@ class DecodingSession:
         self.tap = FeatureTap(model, layer_ids)
         self.rope = rope_switch(model)
         self.position_offset: torch.Tensor | None = None  # multimodal RoPE after an image (`rope.position_offset`)
+        self.row_inputs = None  # per-token inputs every new token repeats (`common.TokenRows`)
+        self.fixed_layers = cross_attention_layers(model)  # cache layers holding an image, not the sequence
         self.features: torch.Tensor | None = None  # [n, F]: tapped states of the latest forward's positions
         self._start = 0.0
         self._verified_prefix: int | None = None
@@ -116,8 +119,9 @@ class DecodingSession:
         """Run the prompt exactly as ``generate()`` does and emit the first token; `features` then holds the
         prompt's tapped states ``[T, F]``."""
         self._start = self.timer.now()
-        logits = prefill(self.model, self.ids, self.model_kwargs)
-        self.position_offset = position_offset(self.model, self.ids.shape[1], self.model_kwargs)
+        logits, positions = prefill(self.model, self.ids, self.model_kwargs)
+        self.position_offset = position_offset(self.model, self.ids.shape[1], positions)
+        self.row_inputs = token_row_inputs(self.model_kwargs)
         self.features = self._tapped()
         self.stats.prefill_time = self.timer.now() - self._start
         scores = self.selector.scores(self.ids, logits)
@@ -133,12 +137,12 @@ class DecodingSession:
         if refill is not None:  # at a longrope switch generate() recomputes the whole sequence: so do we
             if len(tree) != 1:
                 raise ValueError("At a RoPE switch the step verifies the anchor alone (session.max_depth() is 0).")
-            keep_positions(self.cache, 0, [])
+            keep_positions(self.cache, 0, [], self.fixed_layers)
             logits = self.model(**{**refill, self.cache_key: self.cache}, return_dict=True).logits[0, -1:]
             self.features = None if (tapped := self._tapped()) is None else tapped[-1:]
         else:
             logits = verify_tree(self.model, tree, self.cache, self._verified_prefix, self.plan, self.cache_key,
-                                 self.position_offset)
+                                 self.position_offset, self.row_inputs)
             self.features = self._tapped()
         self.stats.target_time += self.timer.now() - start
         return logits
@@ -146,7 +150,7 @@ class DecodingSession:
     def commit(self, visited: list[int]) -> None:
         """After an acceptance rule emitted this step's tokens: keep the KV of the ``visited`` nodes (root first, a
         root-to-node path) and drop the rest of the tree; stream the step's tokens and record its length."""
-        keep_positions(self.cache, self._verified_prefix, visited)
+        keep_positions(self.cache, self._verified_prefix, visited, self.fixed_layers)
         self.stats.accept_lengths.append(self.writer.length - 1 - self._verified_prefix)
         self._verified_prefix = None
         self.writer.flush()
