@@ -611,15 +611,20 @@ def test_image_prompts_are_lossless(family, after):
     positions start at 1 (`hf_jetspec.rope.position_offset`); verifying at the index gave other tokens, for every
     strategy. Mllama cross-attends to the image from cache layers that hold it (never compacted) under a per-token
     ``cross_attention_mask`` (each new token repeats the last row); before, every strategy crashed or differed.
-    ``after=0``: the prompt ends with the image."""
+    ``after=0``: the prompt ends with the image. The logits of every step match plain decoding's to float32 rounding
+    too (the whole distribution, which sampling draws from, not only its argmax)."""
     model, image = vision_language_model(family)
     inputs = image_prompt(model, image, before=3, after=after, seed=after)
-    free_run = model.generate(**inputs, do_sample=False, max_new_tokens=20)
+    plain = model.generate(**inputs, do_sample=False, max_new_tokens=20, return_dict_in_generate=True,
+                           output_logits=True)
+    free_run, logits = plain.sequences, torch.stack(plain.logits)
     other = {k: torch.randn_like(v) if k == "pixel_values" else v for k, v in inputs.items()}
     assert not torch.equal(free_run, model.generate(**other, do_sample=False, max_new_tokens=20))
     for name, kwargs in strategies(model, free_run, seed=9).items():
-        out = model.generate(**inputs, do_sample=False, max_new_tokens=20, **kwargs)
-        assert_same_tokens(free_run, out, f"[{family} image {name}]")
+        out = model.generate(**inputs, do_sample=False, max_new_tokens=20, return_dict_in_generate=True,
+                             output_logits=True, **kwargs)
+        assert_same_tokens(free_run, out.sequences, f"[{family} image {name}]")
+        assert (torch.stack(out.logits) - logits).abs().max() < 1e-4, f"[{family} image {name}] logits"
 
 
 def test_cross_attention_target_text_prompts_head_taps_and_kernel():
