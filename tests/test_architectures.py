@@ -520,8 +520,9 @@ def vision_language_model(family: str):
         vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                       image_size=28, patch_size=14)
         model = Gemma3ForConditionalGeneration(Gemma3Config(
-            text_config={**COMMON, "head_dim": 8, "sliding_window": 5, "layer_types": MIXED}, vision_config=vision,
-            mm_tokens_per_image=4, image_token_index=IMAGE, boi_token_index=VISION_START, eoi_token_index=VISION_END))
+            # a smaller init: at 0.2 Gemma's scaled embeddings saturate and greedy repeats one token
+            text_config={**COMMON, "head_dim": 8, "sliding_window": 5, "layer_types": MIXED, "initializer_range": 0.05},
+            vision_config=vision, mm_tokens_per_image=4, image_token_index=IMAGE, boi_token_index=VISION_START, eoi_token_index=VISION_END))
         with torch.no_grad():  # initialised to zeros: the image would reach the text as zeros
             model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, 0.3)
         image = dict(pixel_values=torch.randn(1, 3, 28, 28))
@@ -531,8 +532,10 @@ def vision_language_model(family: str):
         vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                       image_size=28, patch_size=14, projection_dim=32)
         model = PaliGemmaForConditionalGeneration(PaliGemmaConfig(
-            # a low RoPE base: a position off by one (PaliGemma's start at 1) changes the greedy tokens at once
-            text_config={**COMMON, "head_dim": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 10.0}},
+            # a low RoPE base: a position off by one (PaliGemma's start at 1) changes the greedy tokens at once; a
+            # larger init: at 0.2 greedy repeats one token
+            text_config={**COMMON, "head_dim": 8, "rope_parameters": {"rope_type": "default", "rope_theta": 10.0},
+                         "initializer_range": 0.4},
             vision_config=vision, image_token_index=IMAGE, projection_dim=32,
             hidden_size=32, vocab_size=VOCAB))
         image = dict(pixel_values=torch.randn(1, 3, 28, 28))
