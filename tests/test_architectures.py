@@ -696,8 +696,9 @@ def test_family_sweep_script(capsys):
 
 
 def test_vlm_sweep_script(capsys):
-    """docs/vlm_sweep.py (image prompts on vision-language families, run after transformers upgrades): Mllama
-    (cross-attention) and Gemma 4 (KV sharing, bidirectional image attention) rows come out lossless."""
+    """docs/vlm_sweep.py (images, videos and audio in the prompt of multimodal families, run after transformers
+    upgrades): the Mllama (cross-attention; 2 tiles; 2 images) and Gemma 4 (KV sharing, bidirectional image
+    attention) rows come out lossless."""
     import importlib.util
     from pathlib import Path
 
@@ -707,4 +708,4 @@ def test_vlm_sweep_script(capsys):
     spec.loader.exec_module(sweep)
     assert sweep.main(["mllama", "gemma4"]) == 0
     table = capsys.readouterr().out
-    assert "| lossless | 4 |" in table and "| mllama (2 tiles) | MllamaForConditionalGeneration | lossless |" in table
+    assert "| lossless | 5 |" in table and "| mllama (2 images) | MllamaForConditionalGeneration | lossless |" in table
