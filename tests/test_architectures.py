@@ -679,6 +679,36 @@ def test_image_batches_are_refused_text_batches_decode():
         assert torch.equal(out, free_run), f"[qwen2_vl text batch {name}]"
 
 
+def test_audio_batches_split_per_row_or_are_refused_by_name():
+    """Batched audio prompts (Qwen2-Audio: ``input_features`` hold one entry per clip) decode row by row as plain
+    batched ``generate()`` when every prompt holds one clip; when they hold other numbers the per-row split cannot be
+    right, and the model's own mismatch error comes back naming the split and the way out."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "vlm_sweep.py"
+    spec = importlib.util.spec_from_file_location("vlm_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    model, inputs = sweep.qwen2_audio()[:2]
+    other = {k: torch.randn_like(v) if v.is_floating_point() else v for k, v in inputs.items()}
+    batch = {k: torch.cat([inputs[k], other[k]]) for k in inputs}
+    plain = model.generate(**batch, do_sample=False, max_new_tokens=10)
+    head = JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)
+    for name, extra in (("jetspec", dict(draft_head=head)), ("suffix", {}), ("jacobi", {})):
+        out = model.generate(**batch, do_sample=False, max_new_tokens=10,
+                             custom_generate=getattr(hf_jetspec, f"{name}_generate"), **extra)
+        assert torch.equal(out, plain), name
+    ids = inputs["input_ids"][0]
+    two_clips = torch.cat([ids, ids[ids == sweep.AUDIO]])[None]  # the first prompt holds both clips
+    text = torch.randint(3, VOCAB - 12, two_clips.shape, generator=torch.Generator().manual_seed(1))
+    batch["input_ids"] = torch.cat([two_clips, text])
+    model.generate(**batch, do_sample=False, max_new_tokens=4)  # plain generate() takes it
+    with pytest.raises(ValueError, match="Row 0 of the batch failed inside Qwen2AudioForConditionalGeneration .*"
+                                         "input_features.* split one entry per row"):
+        model.generate(**batch, do_sample=False, max_new_tokens=4, custom_generate=hf_jetspec.jacobi_generate)
+
+
 def test_family_sweep_script(capsys):
     """docs/family_sweep.py (every causal-LM family through every strategy, run after transformers upgrades)
     classifies families: a supported one is lossless, one that takes no position_ids is refused."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
+import traceback
 
 import torch
 from transformers import DynamicCache, MaxLengthCriteria, StaticCache, StoppingCriteriaList
@@ -71,8 +73,17 @@ def per_row(loop):
             processors = row_processors(logits_processor, i, rows)
             processors = LeftPadded(processors, view) if p else processors
             criteria = LeftPadded(criteria, view) if p else criteria
-            out = loop(model, input_ids[i : i + 1, p:], processors, criteria, config, synced_gpus, None, *args,
-                       **row_kwargs(model, kwargs, i, rows, input_ids.shape[1], p))
+            try:
+                out = loop(model, input_ids[i : i + 1, p:], processors, criteria, config, synced_gpus, None, *args,
+                           **row_kwargs(model, kwargs, i, rows, input_ids.shape[1], p))
+            except (ValueError, RuntimeError, IndexError) as err:
+                media = split_media(kwargs, rows, input_ids.shape[1])
+                if media and raised_in_transformers(err):
+                    raise ValueError(
+                        f"Row {i} of the batch failed inside {type(model).__name__} ({err}). Its {', '.join(media)} "
+                        "were split one entry per row, which is right only when every prompt holds exactly one "
+                        "image or audio clip; pass one prompt per call.") from err
+                raise
             return torch.cat((view, out), dim=1)
 
         outputs = [run(i, stopping_criteria, generation_config.max_length) for i in range(rows)]
@@ -118,6 +129,25 @@ def check_rows(generation_config, streamer, logits_processor, kwargs: dict, rows
             raise ValueError(f"{key} with a batch or padding: its entries are not one per row (images or videos "
                              "flattened across the batch, as Qwen2-VL's processor gives them), so they cannot be "
                              "split by row; pass one prompt per call.")
+
+
+def split_media(kwargs: dict, rows: int, length: int) -> list[str]:
+    """The batch inputs `row_kwargs` splits one entry per row that are not per-position (images, audio features):
+    their first dimension may count media items rather than rows."""
+    return [key for key, value in kwargs.items()
+            if isinstance(value, torch.Tensor) and value.dim() > 1 and value.shape[0] == rows
+            and key not in ("attention_mask", "position_ids") and value.shape[1] != length]
+
+
+def raised_in_transformers(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside transformers' code (a model's forward, maybe through a torch check), not
+    by hf_jetspec."""
+    for frame in reversed(traceback.extract_tb(err.__traceback__)):
+        if f"{os.sep}transformers{os.sep}" in frame.filename:
+            return True
+        if f"{os.sep}hf_jetspec{os.sep}" in frame.filename:
+            return False
+    return False
 
 
 def holds_tensors(value) -> bool:
