@@ -230,6 +230,14 @@ def test_alibi_targets_are_refused(model_type, extra):
     # masks built from lengths; state-space layers
     ("xlm", dict(emb_dim=32, n_layers=2, n_heads=4, causal=True, is_decoder=True), "builds its attention masks"),
     ("mamba", dict(state_size=4, expand=2, conv_kernel=2), "has linear_attention layers"),
+    # an indexer that keeps sink and local tokens by cache slot (Kolibri 1.1): other tokens with the fix that makes
+    # DeepSeek sparse attention lossless (indexer keys compacted with the cache)
+    ("kolibri1_1", dict(hidden_size=64, head_dim=16, sliding_window=5, index_layers=[1], kv_source_layers=[0, 1, 1],
+                        layer_types=["sliding_attention", "indexed_attention", "indexed_attention"], index_topk=4,
+                        index_pool_size=16, index_compression=4, index_num_heads=2, index_num_local_tokens=2,
+                        index_num_sink_tokens=1, mlp_only_layers=[0], mlp_only_intermediate_size=64,
+                        moe_intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+                        shared_expert_intermediate_size=32), "keeps sink and local tokens by cache slot"),
 ])
 def test_targets_a_tree_cannot_be_verified_on_are_refused(model_type, extra, message):
     """Found by running every strategy on every causal-LM family transformers 5.25 ships (tiny random configs):
@@ -445,6 +453,8 @@ def test_rope_switch_sampling_is_plain_sampling_draw_for_draw(kind):
 
 # Other decoder-only families transformers ships, as tiny random configs: each must run every strategy losslessly
 # (a regression net for transformers upgrades; model types an installed version lacks are skipped).
+MLA = dict(kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, head_dim=8)
+DSA = dict(index_topk=4, index_head_dim=16, index_n_heads=16)  # 16 indexer heads: no score ties between forwards
 ZOO = {
     "qwen2": dict(),
     "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -488,6 +498,27 @@ ZOO = {
     "ministral3": dict(head_dim=8),
     "olmo3": dict(sliding_window=5),
     "starcoder2": dict(),
+    # found by the family sweep's "not built" rows, built by hand (4 December 2026): MLA, DeepSeek sparse attention
+    # (indexed attention: an indexer keeps the top 4 keys, so short prompts already drop keys), DBRX's `.blocks`
+    "deepseek_v2": dict(MLA, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                        moe_intermediate_size=32, n_group=1, topk_group=1, first_k_dense_replace=1, topk_method="greedy"),
+    "glm4_moe_lite": dict(MLA, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                          moe_intermediate_size=32, n_group=1, topk_group=1, mlp_layer_types=["dense", "sparse", "sparse"]),
+    "minicpm3": dict(MLA, num_key_value_heads=4, scale_emb=12, scale_depth=1.4, dim_model_base=16),
+    "deepseek_v32": dict(MLA, **DSA, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                         n_shared_experts=1, moe_intermediate_size=32, n_group=1, topk_group=1,
+                         mlp_layer_types=["dense", "sparse", "sparse"], first_k_dense_replace=1),
+    "glm_moe_dsa": dict(MLA, **DSA, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+                        n_shared_experts=1, moe_intermediate_size=32, n_group=1, topk_group=1,
+                        mlp_layer_types=["dense", "sparse", "sparse"], first_k_dense_replace=1),
+    "dots3_note_text": dict(MLA, **DSA, num_key_value_heads=4, head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                            n_shared_experts=1, moe_intermediate_size=32, n_group=1, topk_group=1,
+                            shared_experts_intermediate_size=32, first_k_dense_replace=1, sliding_window=5,
+                            swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_q_lora_rank=16,
+                            swa_kv_lora_rank=16, swa_head_dim=16, swa_qk_nope_head_dim=8, swa_v_head_dim=8),
+    "dbrx": dict(d_model=32, n_heads=4, n_layers=2, max_seq_len=256, attn_config={"kv_n_heads": 2,
+                 "rope_theta": 10000.0, "clip_qkv": 8.0}, ffn_config={"hidden_size": 32, "ffn_hidden_size": 64,
+                 "moe_num_experts": 4, "moe_top_k": 2}),
 }
 
 

@@ -26,7 +26,11 @@ MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 KERNEL_IMPLEMENTATION = "jetspec_tree"
 
 
-WINDOWED_KINDS = ("full_attention", "sliding_attention")
+# layer kinds a tree mask expresses: indexed attention (DeepSeek sparse attention: DeepSeek-V3.2, GLM-MoE-DSA) is full
+# attention over the keys its indexer picks, and the indexer scores the keys the mask lets through
+WINDOWED_KINDS = ("full_attention", "sliding_attention", "indexed_attention")
+# an indexer that also keeps sink and local tokens by cache slot (Kolibri) picks other keys in a tree's layout
+SLOT_INDEXER_FIELDS = ("index_num_sink_tokens", "index_num_local_tokens")
 
 
 @dataclass(frozen=True)
@@ -55,15 +59,18 @@ def sliding_window(model) -> tuple[int | None, bool]:
     unsupported = sorted(set(kinds) - set(WINDOWED_KINDS))
     if unsupported:
         raise ValueError(
-            f"{type(model).__name__} has {', '.join(unsupported)} layers: hf_jetspec verifies trees on full and "
-            "sliding-window attention only."
+            f"{type(model).__name__} has {', '.join(unsupported)} layers: hf_jetspec verifies trees on full, "
+            "sliding-window and indexed (DeepSeek sparse) attention only."
         )
+    if "indexed_attention" in kinds and any(getattr(config, f, None) for f in SLOT_INDEXER_FIELDS):
+        raise ValueError(f"{type(model).__name__} has indexed-attention layers whose indexer keeps sink and local "
+                         "tokens by cache slot: a verification tree's nodes sit at other slots than their positions.")
     if "sliding_attention" not in kinds:
         return None, False
     if not isinstance(window, int) or window < 1:
         raise ValueError(f"{type(model).__name__} has sliding-window layers but no usable config.sliding_window "
                          f"({window!r}).")
-    return window, "full_attention" in kinds
+    return window, bool({"full_attention", "indexed_attention"} & set(kinds))
 
 
 # Families whose forward takes the arguments a verification forward passes but cannot honour them.

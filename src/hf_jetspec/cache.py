@@ -87,7 +87,8 @@ def check_cache(cache) -> None:
     for layer in cache.layers:
         if isinstance(layer, _EMPTY_LAYERS):
             continue
-        if isinstance(layer, _WINDOW_LAYERS) or not isinstance(layer, _FULL_LAYERS):
+        static_indexed = isinstance(layer, StaticLayer) and hasattr(layer, "indexer_keys")
+        if isinstance(layer, _WINDOW_LAYERS) or not isinstance(layer, _FULL_LAYERS) or static_indexed:
             raise ValueError(
                 f"Cache layer {type(layer).__name__} is not supported: tree verification rewinds and compacts the "
                 "cache, which quantized, indexed, linear-attention and other special layers cannot do exactly."
@@ -126,6 +127,11 @@ def keep_positions(cache, prefix_len: int, keep: list[int], fixed: frozenset[int
         if index is not None:
             layer.keys[:, :, prefix_len:new_len] = layer.keys.index_select(2, index)
             layer.values[:, :, prefix_len:new_len] = layer.values.index_select(2, index)
+        indexer = getattr(layer, "indexer_keys", None)  # DeepSeek sparse attention: the indexer's keys [b, S, d]
+        if isinstance(indexer, torch.Tensor) and indexer.dim() == 3:
+            if index is not None:
+                indexer[:, prefix_len:new_len] = indexer.index_select(1, index.to(indexer.device))
+            layer.indexer_keys = indexer[:, :new_len]
         if isinstance(layer, StaticLayer):
             layer.cumulative_length.fill_(new_len)
         else:

@@ -19,7 +19,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         # the decoder itself, or a causal LM wrapping it (Llama 4's language model)
         for candidate in (inner, getattr(inner, "model", None), getattr(owner, "model", None),
                           getattr(owner, "transformer", None), owner):
-            for name in ("layers", "h"):  # most models; GPT-2, Falcon, Bloom, GPT-J
+            for name in ("layers", "h", "blocks"):  # most models; GPT-2, Falcon, Bloom, GPT-J; DBRX
                 layers = getattr(candidate, name, None)
                 if isinstance(layers, nn.ModuleList):
                     return layers
@@ -28,8 +28,8 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     for name, module in model.named_modules():
         if name.endswith("encoder.layer") and isinstance(module, nn.ModuleList) and len(module) == count:
             return module
-    raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (expected a `.layers` or `.h` "
-                     "ModuleList)")
+    raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (expected a `.layers`, `.h` or "
+                     "`.blocks` ModuleList)")
 
 
 class FeatureTap:

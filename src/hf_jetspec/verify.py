@@ -38,7 +38,7 @@ def verify_tree(
         mask = tree.attention_mask(prefix_len, model.dtype, key_len, window=plan.window, ancestors=ancestors)
         if plan.mixed:  # one mask per layer kind, the form hybrid models take (`causal_mask_mapping`)
             full = tree.attention_mask(prefix_len, model.dtype, key_len, ancestors=ancestors)
-            mask = {"full_attention": full, "sliding_attention": mask}
+            mask = {"full_attention": full, "indexed_attention": full, "sliding_attention": mask}
     with attention_implementation(model, plan.implementation):
         out = model(input_ids=tree.tokens[None], attention_mask=mask, **kwargs)
     return out.logits[0]
