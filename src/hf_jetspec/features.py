@@ -42,6 +42,9 @@ class FeatureTap:
     def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
         self.layer_ids = list(layer_ids)
         self.layers = decoder_layers(model) if self.layer_ids else None
+        # layers with several residual streams output 4D states: hyper-connections (HY V4's `hc_mult`) as
+        # [b, T, streams, H], Gemma 3n's AltUp as [streams, b, T, H]; the first stream is tapped
+        self.stream_dim = 2 if getattr(model.config.get_text_config(), "hc_mult", None) else 0
         self._outputs: dict[int, torch.Tensor] = {}
         self._handles: list = []
 
@@ -59,8 +62,8 @@ class FeatureTap:
     def _hook(self, index: int):
         def hook(module, args, output):
             hidden = output[0] if isinstance(output, tuple) else output
-            if hidden.dim() == 4:  # [streams, b, T, H]: Gemma 3n's AltUp streams; the first is the active one
-                hidden = hidden[0]
+            if hidden.dim() == 4:  # several residual streams (`stream_dim`)
+                hidden = hidden.select(self.stream_dim, 0)
             self._outputs[index] = hidden
 
         return hook
