@@ -516,6 +516,9 @@ ZOO = {
                             shared_experts_intermediate_size=32, first_k_dense_replace=1, sliding_window=5,
                             swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_q_lora_rank=16,
                             swa_kv_lora_rank=16, swa_head_dim=16, swa_qk_nope_head_dim=8, swa_v_head_dim=8),
+    "axk2": dict(MLA, **DSA, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                 moe_intermediate_size=32, n_group=1, topk_group=1, mlp_layer_types=["dense", "sparse", "sparse"],
+                 gated_norm_rank=16),
     "hy_v4": dict(MLA, **DSA, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                   moe_intermediate_size=32),  # indexed attention and hyper-connections: 4 residual streams per layer
     "dbrx": dict(d_model=32, n_heads=4, n_layers=2, max_seq_len=256, attn_config={"kv_n_heads": 2,
