@@ -721,17 +721,23 @@ def test_image_batches_are_refused_text_batches_decode():
         assert torch.equal(out, free_run), f"[qwen2_vl text batch {name}]"
 
 
+def docs_script(name: str):
+    """The module of ``docs/<name>.py`` (the sweeps are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "docs" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_audio_batches_split_per_row_or_are_refused_by_name():
     """Batched audio prompts (Qwen2-Audio: ``input_features`` hold one entry per clip) decode row by row as plain
     batched ``generate()`` when every prompt holds one clip; when they hold other numbers the per-row split cannot be
     right, and the model's own mismatch error comes back naming the split and the way out."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "docs" / "vlm_sweep.py"
-    spec = importlib.util.spec_from_file_location("vlm_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = docs_script("vlm_sweep")
     model, inputs = sweep.qwen2_audio()[:2]
     other = {k: torch.randn_like(v) if v.is_floating_point() else v for k, v in inputs.items()}
     batch = {k: torch.cat([inputs[k], other[k]]) for k in inputs}
@@ -754,13 +760,7 @@ def test_audio_batches_split_per_row_or_are_refused_by_name():
 def test_family_sweep_script(capsys):
     """docs/family_sweep.py (every causal-LM family through every strategy, run after transformers upgrades)
     classifies families: a supported one is lossless, one that takes no position_ids is refused."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "docs" / "family_sweep.py"
-    spec = importlib.util.spec_from_file_location("family_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = docs_script("family_sweep")
     assert sweep.main(["llama", "bart"]) == 0
     table = capsys.readouterr().out
     assert "| lossless | 1 | llama |" in table and "| refused | 1 | bart |" in table
@@ -771,13 +771,7 @@ def test_vlm_sweep_script(capsys):
     """docs/vlm_sweep.py (images, videos and audio in the prompt of multimodal families, run after transformers
     upgrades): the Mllama (cross-attention; 2 tiles; 2 images) and Gemma 4 (KV sharing, bidirectional image
     attention) rows come out lossless."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "docs" / "vlm_sweep.py"
-    spec = importlib.util.spec_from_file_location("vlm_sweep", path)
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = docs_script("vlm_sweep")
     assert sweep.main(["mllama", "gemma4"]) == 0
     table = capsys.readouterr().out
     assert "| lossless | 5 |" in table and "| mllama (2 images) | MllamaForConditionalGeneration | lossless |" in table
