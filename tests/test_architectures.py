@@ -52,19 +52,22 @@ def make(model_type: str, seed: int = 0, **extra):
     return _MODELS[key]
 
 
-def strategies(model, free_run, seed: int, block: int = 6):
-    """Every greedy strategy, as ``name -> generate() kwargs``."""
-    return {
+def strategies(model, free_run, seed: int, block: int = 6, head: bool = True):
+    """Every greedy strategy, as ``name -> generate() kwargs``; without ``head``, no fresh head (for targets
+    `JetSpecHead.for_target` refuses)."""
+    runs = {
         "jetspec-oracle": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=12, retrieval=False,
                                drafter=ScrambledOracle(free_run, VOCAB, block, seed=seed)),
         "jetspec-merged": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=12, retrieval=True,
                                node_cost=None, drafter=ScrambledOracle(free_run, VOCAB, block, seed=seed)),
-        "jetspec-head": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=8,
-                             draft_head=JetSpecHead.for_target(model, block_size=block, num_hidden_layers=1)),
         "suffix": dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None),
         "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate),
         "speculative-jacobi": dict(custom_generate=hf_jetspec.speculative_jacobi_generate, draft_model=model),
     }
+    if head:
+        runs["jetspec-head"] = dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=8,
+                                    draft_head=JetSpecHead.for_target(model, block_size=block, num_hidden_layers=1))
+    return runs
 
 
 @pytest.mark.parametrize("case", range(9))
@@ -212,9 +215,9 @@ def test_alibi_targets_are_refused(model_type, extra):
     model = make(model_type, seed=9, **extra)
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(9))
     free_run = greedy_reference(model, prompt, max_new_tokens=8)
-    for name, kwargs in strategies(model, free_run, seed=9).items():
-        if name == "jetspec-head":
-            continue  # needs layers to tap; MPT's are `.blocks`
+    with pytest.raises(ValueError, match="uses ALiBi position biases"):
+        JetSpecHead.for_target(model)
+    for name, kwargs in strategies(model, free_run, seed=9, head=False).items():
         with pytest.raises(ValueError, match="uses ALiBi position biases"):
             model.generate(prompt, do_sample=False, max_new_tokens=8, **kwargs)
 
@@ -252,9 +255,67 @@ def test_targets_a_tree_cannot_be_verified_on_are_refused(model_type, extra, mes
     model = make(model_type, seed=3, **extra)
     prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
     free_run = greedy_reference(model, prompt, max_new_tokens=6)
-    for name, kwargs in strategies(model, free_run, seed=3).items():
-        if name == "jetspec-head" and message == "has linear_attention layers":
-            kwargs = dict(custom_generate=hf_jetspec.jetspec_generate)  # a state-space model has no head shape
+    with pytest.raises(ValueError, match=message):  # a head for it, before anything else
+        JetSpecHead.for_target(model)
+    for name, kwargs in strategies(model, free_run, seed=3, head=False).items():
+        with pytest.raises(ValueError, match=message):
+            model.generate(prompt, do_sample=False, max_new_tokens=6, **kwargs)
+
+
+def test_recurrent_depth_targets_decode_losslessly_and_refuse_heads_by_name():
+    """HRM cycles two small layer stacks several times per token (num_hidden_layers counts the cycles' cache layers,
+    not modules): a head has no single layer output to tap, and `for_target` said only "Cannot find the decoder
+    layers". It now names the cycling; the strategies that need no taps stay lossless."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if "hrm_text" not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no hrm_text")
+    model = make("hrm_text", seed=5, head_dim=8, H_cycles=2, L_cycles=1, L_bp_cycles=[1], num_layers_per_stack=2,
+                 num_hidden_layers=8)
+    with pytest.raises(ValueError, match=r"runs its decoder layers several times per token .* num_hidden_layers=8"):
+        JetSpecHead.for_target(model)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
+    free_run = greedy_reference(model, prompt, max_new_tokens=16)
+    for name, kwargs in strategies(model, free_run, seed=5, head=False).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=16, **kwargs)
+        assert_same_tokens(free_run, out, f"[hrm_text {name}]")
+
+
+def tiny_blt():
+    """A BLT (byte latent transformer) of four width-32 sub-models; transformers' BLT generate() reads a top-level
+    num_hidden_layers its config lacks."""
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8)
+    config = AutoConfig.for_model("blt", **{f"{part}_config": dict(small)
+                                            for part in ("patcher", "encoder", "decoder", "global")})
+    config.encoder_config.hidden_size_global = config.decoder_config.hidden_size_global = 32
+    config.global_config.encoder_cross_output_size = 32 * config.cross_attn_k
+    config.num_hidden_layers = 1
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    return model
+
+
+@pytest.mark.parametrize("model_type,message", [
+    ("blt", "groups its bytes into patches by their entropy within each forward"),
+    # transformers 5.17 names its state `cache_params` (no KV cache); later versions `cache`, without positions
+    ("xlstm", r"takes no (KV cache|position_ids: .* \(or folds them into a recurrent state\))"),
+])
+def test_byte_patching_and_recurrent_targets_are_refused_by_name(model_type, message):
+    """BLT (bytes grouped into patches by the entropy of each forward's bytes) crashed inside its attention in every
+    strategy and in `for_target`; xLSTM's refusal spoke of cache slots only. Both are refused by name, by a fresh
+    head and by every strategy, before anything runs on them (xLSTM's own generate() fails on tiny configs, so the
+    oracle follows the prompt)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
+    model = tiny_blt() if model_type == "blt" else make("xlstm", seed=5, num_heads=4, num_blocks=2, embedding_dim=32)
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
+    with pytest.raises(ValueError, match=message):
+        JetSpecHead.for_target(model)
+    for name, kwargs in strategies(model, prompt, seed=5, head=False).items():
         with pytest.raises(ValueError, match=message):
             model.generate(prompt, do_sample=False, max_new_tokens=6, **kwargs)
 

@@ -77,7 +77,19 @@ def sliding_window(model) -> tuple[int | None, bool]:
 OWN_MASKS = {
     "xlm": "builds its attention masks from sequence lengths (a 2D mask only)",
     "dory": "loops its recurrent layers over extra cache layers it appends during each forward",
+    "blt": "groups its bytes into patches by their entropy within each forward and builds its own byte and patch "
+           "masks",
 }
+
+
+def check_target(model) -> None:
+    """Refuse, by name, a target no loop can verify drafts on (before anything runs on it: drafting, timing
+    forwards, limits, a head sized for it): encoder-decoders, attention kinds a tree mask cannot express, positions
+    from cache slots."""
+    if model.config.is_encoder_decoder:
+        raise ValueError("hf_jetspec supports decoder-only models.")
+    sliding_window(model)
+    check_position_encoding(model)
 
 
 def check_position_encoding(model) -> None:
@@ -99,10 +111,11 @@ def check_position_encoding(model) -> None:
         raise ValueError(f"{name} takes no KV cache (its forward has no past_key_values / cache argument): "
                          "speculative decoding verifies drafts on top of a cached prefix.")
     if "position_ids" not in params:
-        raise ValueError(f"{name} takes no position_ids: it places new tokens by their cache slots, and a "
-                         "verification tree's nodes sit at other slots than their positions, so hf_jetspec cannot "
-                         "verify drafts on this model (models that take position_ids, RoPE or learned, are supported).")
-    reason = OWN_MASKS.get(getattr(config, "model_type", None))
+        raise ValueError(f"{name} takes no position_ids: it places new tokens by their cache slots (or folds them "
+                         "into a recurrent state), and a verification tree's nodes branch and sit at other slots than "
+                         "their positions, so hf_jetspec cannot verify drafts on this model (models that take "
+                         "position_ids, RoPE or learned, are supported).")
+    reason = OWN_MASKS.get(getattr(config, "model_type", None)) or OWN_MASKS.get(model.config.model_type)
     if reason is not None:
         raise ValueError(f"{name} {reason}: hf_jetspec cannot pass it a verification tree.")
 

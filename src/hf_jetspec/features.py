@@ -28,6 +28,13 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     for name, module in model.named_modules():
         if name.endswith("encoder.layer") and isinstance(module, nn.ModuleList) and len(module) == count:
             return module
+    stacks = [f"`{name}` ({len(module)})" for name, module in model.named_modules()
+              if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks")]
+    if stacks and count:
+        raise ValueError(f"{type(model).__name__} runs its decoder layers several times per token (layer stacks "
+                         f"{', '.join(stacks)} against num_hidden_layers={count}, as recurrent-depth models cycle "
+                         "them): a head taps the hidden state after one pass of one layer, which this model does "
+                         "not have. The training-free strategies (suffix, jacobi) need no taps.")
     raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (expected a `.layers`, `.h` or "
                      "`.blocks` ModuleList)")
 

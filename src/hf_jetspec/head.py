@@ -17,7 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from .attention import check_target
 from .config import JetSpecConfig, cross_attention_layers, default_target_layer_ids, target_size, target_value
+from .features import decoder_layers
 from .hub import model_card, push_head
 
 
@@ -186,7 +188,10 @@ class JetSpecHead(PreTrainedModel):
     # ----------------------------------------------------------------------------------------------- construction
     @classmethod
     def for_target(cls, model: PreTrainedModel, num_taps: int = 3, **overrides) -> "JetSpecHead":
-        """A fresh (untrained) head sized for ``model``; ``overrides`` set any `JetSpecConfig` field."""
+        """A fresh (untrained) head sized for ``model``; ``overrides`` set any `JetSpecConfig` field. Raises
+        ``ValueError`` for a target no decoding loop can verify drafts on (`hf_jetspec.attention.check_target`)."""
+        check_target(model)
+        decoder_layers(model)  # the layers its taps hook: refuse a target without them now, not at decoding
         text = model.config.get_text_config()
         vocab = model.get_output_embeddings().weight.shape[0]
         hidden = text.hidden_size

@@ -8,7 +8,7 @@ import torch
 import transformers
 from packaging.version import Version
 
-from ..attention import check_position_encoding, sliding_window
+from ..attention import check_target, sliding_window
 from ..cache import check_cache, full_layers
 
 
@@ -50,15 +50,6 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
     check_cache(full_layers(cache, sliding_window(model)[0], getattr(generation_config, "max_length", None)))
     return cache
-
-
-def check_target(model) -> None:
-    """Refuse, by name, a target no loop can verify drafts on (before anything runs on it: drafting, timing
-    forwards, limits): encoder-decoders, attention kinds a tree mask cannot express, positions from cache slots."""
-    if model.config.is_encoder_decoder:
-        raise ValueError("hf_jetspec supports decoder-only models.")
-    sliding_window(model)
-    check_position_encoding(model)
 
 
 def other_decoding_method(generation_config) -> str | None:
