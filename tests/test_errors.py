@@ -327,3 +327,205 @@ def test_sampling_flags_are_seeded(tiny_args, capsys):
                      "7", "--max-new-tokens", "6", "hi"]) == 0
         texts.append(capsys.readouterr().out.splitlines()[0])
     assert texts[0] == texts[1]
+
+
+# ------------------------------------------------------------------- 8. found by a bad-input sweep (4 December)
+
+
+def test_outputs_never_replace_files_hf_jetspec_did_not_write(model_dir, tmp_path, capsys):
+    """export-vllm and train wrote over a user's config.json / model.safetensors / README.md in the folder they
+    were given (exit 0). They now refuse such a folder before writing anything; an earlier export or head is
+    replaced as before."""
+    user = tmp_path / "my-model"
+    user.mkdir()
+    mine = {name: f"the user's {name}" for name in ("config.json", "model.safetensors", "README.md")}
+    for name, text in mine.items():
+        (user / name).write_text(text)
+    assert main(["export-vllm", str(model_dir / "head"), str(user)]) == 2
+    one_error_line(capsys, "already holds", "README.md, config.json, model.safetensors", "nothing was written")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps({"id": i, "input_ids": [5, 6, 7, 8, 9, 10, 11, 12], "prompt_len": 3})
+                              for i in range(4)))
+    train = ["train", "--data", str(rows), "--model", str(model_dir / "model"), "--max-steps", "1",
+             "--batch-size", "2", "--num-anchors", "2", "--block-size", "4", "--head-layers", "1",
+             "--eval-count", "0", "--output-dir"]
+    assert main(train + [str(user)]) == 2
+    one_error_line(capsys, "--output-dir", "already holds", "nothing was written")
+    assert {name: (user / name).read_text() for name in mine} == mine and not any(user.glob("checkpoint-*"))
+    export = tmp_path / "export"
+    for _ in range(2):  # an export folder is this library's own: exporting again replaces it
+        assert main(["export-vllm", str(model_dir / "head"), str(export)]) == 0
+    assert json.loads((export / "config.json").read_text())["jetspec"]
+
+
+def test_calibration_writes_keep_a_users_tmp_files(tmp_path):
+    """Calibration and record files were written through a fixed ``NAME.tmp``, replacing (and then renaming away)
+    a user's file of that name; they now use a unique temporary name."""
+    from hf_jetspec.calibration import Calibration, read_records, write_records
+
+    (tmp_path / "calibration.json.tmp").write_text("mine")
+    (tmp_path / "records.jsonl.tmp").write_text("mine too")
+    Calibration().save(tmp_path)
+    write_records(tmp_path / "records.jsonl", [{"kind": "head", "x": [1.0, 0.5, 0.1], "accepted": True}])
+    assert (tmp_path / "calibration.json.tmp").read_text() == "mine"
+    assert (tmp_path / "records.jsonl.tmp").read_text() == "mine too"
+    assert read_records([tmp_path / "records.jsonl"])[0]["accepted"] is True
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("not json\n", "line 1: not JSON"),
+    ("[1, 2, 3]\n", "line 1: a row is a JSON object"),
+    ('{"id": 1, "prompt_len": 2}\n', "line 1: the row lacks input_ids"),
+    ('{"id": 1, "input_ids": [5, 6, "7"], "prompt_len": 2}\n', "input_ids must be a list of token ids"),
+    ('{"id": 1, "input_ids": [5, 6, 7], "prompt_len": 9}\n', "prompt_len must be an integer in [0, 3]"),
+    ('{"id": 1, "input_ids": [5, 6, 7], "prompt_len": 3}\n', "no training rows"),
+    ('{"id": 1, "input_ids": [5, -6, 7, 8], "prompt_len": 2}\n', "outside the target's vocabulary"),
+    (b"\xff\xfe\x00", "not UTF-8 text"),
+])
+def test_training_data_problems_are_one_line(rows, message, model_dir, tmp_path, capsys):
+    """`hf-jetspec train` ended in a traceback for every malformed --data file (KeyError, AttributeError,
+    torch's "num_samples=0", an IndexError in the target's embedding mid-training)."""
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(rows if isinstance(rows, bytes) else rows.encode())
+    assert main(["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir",
+                 str(tmp_path / "out"), "--max-steps", "1", "--eval-count", "0", "--block-size", "4"]) == 2
+    one_error_line(capsys, message, after_run=True)  # some checks need the target (its vocabulary) loaded
+    assert main(["train", "--data", str(data), "--batch-size", "0", "--output-dir", str(tmp_path / "out")]) == 2
+    assert "--batch-size must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_key_value_heads", 0, "num_key_value_heads must be an integer >= 1"),  # was ZeroDivisionError
+    ("num_hidden_layers", "1", "num_hidden_layers must be an integer >= 1, got '1'"),
+    ("rope_theta", "10000", "rope_theta must be a number > 0"),
+    ("rms_norm_eps", "1e-6", "rms_norm_eps must be a number > 0"),
+    ("target_layer_ids", "01", "target_layer_ids must be a list of integers"),  # was read as [0, 1]
+    ("block_size", 6.5, "block_size must be an integer"),
+    ("causal", "false", "causal must be true or false"),  # was read as True
+])
+def test_head_configs_with_wrong_types_are_refused(field, value, message, model_dir, tmp_path):
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "model.safetensors").write_bytes((model_dir / "head" / "model.safetensors").read_bytes())
+    config = json.loads((model_dir / "head" / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps(config | {field: value}))
+    with pytest.raises(ValueError, match=f"config.json: Invalid JetSpecConfig: {message}"):
+        JetSpecHead.from_pretrained(head)
+
+
+def test_damaged_weights_are_named(model_dir, tmp_path, capsys):
+    """Integer weights loaded silently (cast to float); a garbage pytorch_model.bin, a truncated model and a model
+    config with a field of the wrong type ended in library tracebacks."""
+    from safetensors.torch import load_file, save_file
+
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text((model_dir / "head" / "config.json").read_text())
+    save_file({k: v.to(torch.int32) for k, v in load_file(model_dir / "head" / "model.safetensors").items()},
+              head / "model.safetensors")
+    with pytest.raises(ValueError, match="are I32, not floating point"):
+        JetSpecHead.from_pretrained(head)
+    (head / "model.safetensors").unlink()
+    (head / "pytorch_model.bin").write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="pytorch_model.bin is not a loadable PyTorch checkpoint"):
+        JetSpecHead.from_pretrained(head)
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in (model_dir / "model").iterdir():
+        (model / path.name).write_bytes(path.read_bytes())
+    (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-64])
+    assert main(["generate", "--model", str(model), "hi"]) == 2
+    one_error_line(capsys, "model.safetensors", "not a complete safetensors file")
+    (model / "model.safetensors").write_bytes((model_dir / "model" / "model.safetensors").read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"vocab_size": "many"}))
+    assert main(["generate", "--model", str(model), "hi"]) == 2
+    one_error_line(capsys, "invalid config.json", "vocab_size")
+
+
+def test_cli_values_that_would_crash_later(tiny_args, tmp_path, capsys):
+    """--temperature 1e-300 overflowed the logits (torch.multinomial: inf / nan), --seed 2**70 overflowed torch's
+    seed, a prompt of bytes that are not UTF-8 reached the tokenizer, and an empty calibration log was "fitted"."""
+    assert main(["generate", *tiny_args, "--temperature", "1e-300", "hi"]) == 2
+    one_error_line(capsys, "--temperature", "0 (greedy) or >= 1e-06")
+    assert main(["bench", "--temperatures", "0,1e-30"]) == 2
+    one_error_line(capsys, "--temperatures")
+    assert main(["generate", *tiny_args, "--seed", str(2**70), "--temperature", "1", "hi"]) == 2
+    one_error_line(capsys, "--seed", "0..9223372036854775807")
+    assert main(["generate", *tiny_args, b"\xff\xfehi".decode("utf-8", "surrogateescape")]) == 2
+    one_error_line(capsys, "the prompt is not valid UTF-8 text")
+    (tmp_path / "empty.jsonl").write_text("")
+    assert main(["calibrate", str(tmp_path / "empty.jsonl"), "--out", str(tmp_path / "cal")]) == 2
+    one_error_line(capsys, "no calibration records")
+    (tmp_path / "short.jsonl").write_text('{"kind": "head", "x": [1.0], "accepted": true}\n')
+    assert main(["calibrate", str(tmp_path / "short.jsonl"), "--out", str(tmp_path / "cal")]) == 2
+    one_error_line(capsys, "short.jsonl:1", "x must list the 3 head features")
+    assert not (tmp_path / "cal").exists()
+
+
+def test_api_arguments_of_the_wrong_kind_are_named():
+    model = make_target("llama")
+    prompt = torch.tensor([[5, 6, 7]])
+    head = JetSpecHead.for_target(model, block_size=6)
+    run = dict(do_sample=False, max_new_tokens=6)
+
+    class Narrow:  # a custom drafter whose logits cover 64 of the target's 128 tokens
+        block_size, layer_ids = 4, []
+
+        def start(self): ...
+
+        def observe(self, features, visited): ...
+
+        def propose(self, ids, depth):
+            return torch.zeros(depth, 64)
+
+    for kwargs, message in [
+        (dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=head, tree_budget="8"),
+         "tree_budget must be an integer, got '8'"),
+        (dict(custom_generate=hf_jetspec.jacobi_generate, window="4"), "window must be an integer"),
+        (dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=head, calibration={"head": {}}),
+         "calibration= takes a hf_jetspec.calibration.Calibration"),
+        (dict(custom_generate=hf_jetspec.suffix_generate, calibration_log="records.jsonl"),
+         "calibration_log= takes a list"),
+        (dict(custom_generate=hf_jetspec.suffix_generate, retrieval_depth="4"), "retrieval_depth must be an integer"),
+        (dict(custom_generate=hf_jetspec.speculative_jacobi_generate, draft_model=head),
+         "draft_model= takes a loaded causal LM"),
+        (dict(custom_generate=hf_jetspec.jetspec_generate, drafter=head, retrieval=False),
+         r"drafter= must implement hf_jetspec.drafters.Drafter .* \(a JetSpecHead goes to draft_head=\)"),
+        (dict(custom_generate=hf_jetspec.jetspec_generate, drafter=Narrow(), retrieval=False),
+         r"Narrow.propose\(ids, depth=3\) must return logits \[depth, 128\] .* shape \[3, 64\]"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            model.generate(prompt, **run, **kwargs)
+    with pytest.raises(ValueError, match="enable\\(\\) takes a loaded transformers model"):
+        hf_jetspec.enable("model")
+    with pytest.raises(ValueError, match="expected a transformers causal LM"):
+        JetSpecHead.for_target("Qwen/Qwen3-8B")
+
+
+def test_timing_forwards_stay_inside_the_position_table():
+    """The default node_cost ("auto") times forwards of a 64-token prefix plus up to 32 tokens: on a GPT-2 with 24
+    positions (plain generate() works) they indexed past its position embeddings (IndexError)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=24, n_embd=32, n_layer=2, n_head=2)).eval()
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    reference = greedy_reference(model, prompt, max_new_tokens=12)
+    for loop in (hf_jetspec.jetspec_generate, hf_jetspec.suffix_generate):
+        kwargs = dict(draft_head=JetSpecHead.for_target(model, block_size=4)) if loop is hf_jetspec.jetspec_generate \
+            else {}
+        out = model.generate(prompt, do_sample=False, max_new_tokens=12, custom_generate=loop, **kwargs)
+        assert torch.equal(out, reference)
+
+
+def test_a_truncated_gguf_is_named(tmp_path, capsys):
+    """A GGUF cut short (an interrupted download) failed with numpy's "cannot reshape array of size ..." alone."""
+    from hf_jetspec.models import find_smollm2_gguf
+
+    with open(find_smollm2_gguf(), "rb") as f:
+        (tmp_path / "cut.gguf").write_bytes(f.read(2_000_000))
+    assert main(["convert-gguf", str(tmp_path / "cut.gguf"), "--out", str(tmp_path / "out")]) == 2
+    one_error_line(capsys, "cut.gguf", "truncated or damaged")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["cut.gguf"]

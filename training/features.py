@@ -74,9 +74,39 @@ def check_teacher(target, transform) -> None:
                          "trainer does not know, so a head would learn another distribution than the target's.")
 
 
+def row_problem(row) -> str | None:
+    """What keeps ``row`` from being a training row ``{"id", "input_ids": [int], "prompt_len": int}``, or None."""
+    if not isinstance(row, dict):
+        return f"a row is a JSON object with id, input_ids and prompt_len, got {type(row).__name__}"
+    missing = [key for key in ("id", "input_ids", "prompt_len") if key not in row]
+    if missing:
+        return f"the row lacks {', '.join(missing)}"
+    ids, prompt_len = row["input_ids"], row["prompt_len"]
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return "input_ids must be a list of token ids (integers)"
+    if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or not 0 <= prompt_len <= len(ids):
+        return f"prompt_len must be an integer in [0, {len(ids)}] (the row's length), got {prompt_len!r}"
+    return None
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a JSONL file of training rows; a ``ValueError`` naming the file and line of one that is not."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as err:
+                    raise ValueError(f"{path}, line {number}: not JSON ({err})") from None
+                if problem := row_problem(row):
+                    raise ValueError(f"{path}, line {number}: {problem}")
+                rows.append(row)
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (a JSONL file of token rows is expected)") from None
+    return rows
 
 
 def read_rows(path: str | Path) -> list[dict]:

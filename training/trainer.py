@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
 
 from hf_jetspec.decoding.jetspec import jetspec_generate
+from hf_jetspec.files import json_field, refuse_foreign_files
 from hf_jetspec.head import JetSpecHead
 
 from .data import eos_token_ids
@@ -300,7 +301,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.init_head and args.init_from_target:
         p.error("--init-head and --init-from-target both choose the starting weights: give one")
+    for name in ("batch_size", "grad_accum", "head_layers", "taps", "num_anchors", "max_length"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
+
+
+# what a run writes into --output-dir besides the Trainer's checkpoint-* folders
+OUTPUT_FILES = ("config.json", "model.safetensors", "README.md", "log_history.json", "train_summary.json",
+                "training_args.bin")
+
+
+def is_head_folder(folder: Path) -> bool:
+    """``folder`` holds a JetSpec head (an earlier run's output), which a new run may replace."""
+    return json_field(folder / "config.json", "model_type") == "jetspec"
+
+
+def check_token_ids(rows: list[dict], vocab: int, paths) -> None:
+    """Refuse rows with token ids outside the target's embedding table (data made for another tokenizer)."""
+    bad = next((r for r in rows if r["input_ids"] and not 0 <= min(r["input_ids"]) <= max(r["input_ids"]) < vocab),
+               None)
+    if bad is not None:
+        raise ValueError(f"row {bad['id']!r} of {' '.join(map(str, paths))} holds token ids outside the target's "
+                         f"vocabulary [0, {vocab}) (range {min(bad['input_ids'])}..{max(bad['input_ids'])}): "
+                         "data tokenized for another model?")
 
 
 def main(argv=None) -> int:
@@ -308,6 +332,7 @@ def main(argv=None) -> int:
     from hf_jetspec.models import SMOLLM2_HUB_ID
 
     args = parse_args(argv)
+    refuse_foreign_files(args.output_dir, OUTPUT_FILES, is_head_folder, "--output-dir")
     files = [read_rows(path) for path in args.data]
     all_rows = [r for rows in files for r in rows]
     train_rows, eval_rows = split_rows(files, args.eval_count, args.seed)
@@ -316,6 +341,7 @@ def main(argv=None) -> int:
     eval_prompts = [r["input_ids"][: r["prompt_len"]] for r in eval_rows[: args.eval_decode_count]]
     not_trained = {str(r["id"]) for r in all_rows} - {str(r["id"]) for r in train_rows}  # held out or eval
     target, tokenizer = load_target(args.model, args.target_dtype, None)
+    check_token_ids(all_rows, target.get_input_embeddings().weight.shape[0], args.data)
     store = None
     if args.features:
         missing = [d for d in args.features if not (Path(d) / "meta.json").exists()]
@@ -349,6 +375,9 @@ def main(argv=None) -> int:
         dataset = StoreDataset(store, exclude=not_trained)
     else:
         dataset = SequenceDataset(train_rows, args.max_length)
+    if len(dataset) == 0:
+        raise ValueError(f"no training rows in {' '.join(map(str, args.data))}: every row is an evaluation or "
+                         "held-out row, or has no answer tokens after its prompt (prompt_len = its length)")
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         num_train_epochs=args.epochs,

@@ -86,6 +86,9 @@ def check_target(model) -> None:
     """Refuse, by name, a target no loop can verify drafts on (before anything runs on it: drafting, timing
     forwards, limits, a head sized for it): encoder-decoders, attention kinds a tree mask cannot express, positions
     from cache slots."""
+    if not hasattr(model, "config") or not hasattr(model, "get_output_embeddings"):
+        raise ValueError(f"expected a transformers causal LM (a loaded model, or a PEFT model around one), got "
+                         f"{type(model).__name__}")
     if model.config.is_encoder_decoder:
         raise ValueError("hf_jetspec supports decoder-only models.")
     sliding_window(model)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from .files import write_text_atomic
+
 CALIBRATION_FILE = "calibration.json"
 SOURCES = ("context", "corpus")
 RETRIEVAL_FEATURES = ("bias", "head_logit", "has_head", "depth") + tuple(
@@ -107,12 +109,7 @@ class Calibration:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / CALIBRATION_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2))
-        tmp.replace(path)
-        return path
+        return write_text_atomic(Path(directory) / CALIBRATION_FILE, json.dumps(self.to_dict(), indent=2))
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -214,6 +211,20 @@ def worth_adding(gain: float, expected_tokens: float, nodes: int, node_cost: "fl
     return gain > node_cost * expected_tokens / (1.0 + node_cost * nodes)
 
 
+def timing_positions(model) -> int | None:
+    """How many positions the timing forwards may use: the model's position table (``max_position_embeddings`` /
+    ``n_positions``: GPT-2's absolute embeddings end there) and the first RoPE switch (dynamic NTK keeps state
+    past it); None = no limit."""
+    from .config import target_value
+    from .rope import rope_switch
+
+    config = getattr(model, "config", None)
+    limits = [target_value(config.get_text_config(), "max_position_embeddings", "n_positions") if config else None]
+    limits.append(switch.position if (switch := rope_switch(model)) is not None else None)
+    limits = [int(v) for v in limits if isinstance(v, int) and v > 0]
+    return min(limits) if limits else None
+
+
 def _timer(model, prefix: int):
     """A function timing a forward of ``count`` new tokens after a cached ``prefix`` (the cache is cut back to the
     prefix after each timing, so the prefill runs once)."""
@@ -281,9 +292,14 @@ def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: i
     cached = _MEASURED.get(model)
     if cached is not None and cached.tokens[-1] >= max_tokens:
         return cached
+    room = timing_positions(model)
+    if room is not None:  # stay inside the positions the model embeds (and before any RoPE switch)
+        prefix = max(1, min(prefix, room // 2))
     sizes = [1]
     while sizes[-1] < max(1, max_tokens):
         sizes.append(sizes[-1] * 2)
+    if room is not None:
+        sizes = sorted({min(n, max(1, room - prefix)) for n in sizes})
     curve = CostCurve(tuple(sizes), _fastest(model, sizes, prefix, repeats))
     _MEASURED[model] = curve
     return curve
@@ -308,22 +324,37 @@ def read_records(paths) -> list[dict]:
     """Calibration records from JSONL files (``hf-jetspec bench --calibration-log FILE``)."""
     records = []
     for path in paths:
-        for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text (a JSONL file of calibration records is expected)") from None
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-                if row["kind"] not in ("head", "retrieval") or not isinstance(row["x"], list):
-                    raise ValueError("kind/x")
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise ValueError(f"{path}:{number}: not a calibration record") from None
+            except json.JSONDecodeError:
+                raise ValueError(f"{path}:{number}: not a calibration record (not JSON)") from None
+            if problem := record_problem(row):
+                raise ValueError(f"{path}:{number}: not a calibration record ({problem})")
             records.append(row)
     return records
 
 
+def record_problem(row) -> str | None:
+    """What keeps ``row`` from being a verification record ``{"kind", "x", "accepted"}``, or None."""
+    if not isinstance(row, dict) or row.get("kind") not in ("head", "retrieval"):
+        return "an object with kind 'head' or 'retrieval' is expected"
+    width = len(HEAD_FEATURES if row["kind"] == "head" else RETRIEVAL_FEATURES)
+    x = row.get("x")
+    if not isinstance(x, list) or len(x) != width:
+        return f"x must list the {width} {row['kind']} features"
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in x):
+        return "x must hold finite numbers"
+    if not isinstance(row.get("accepted"), bool):
+        return "accepted must be true or false"
+    return None
+
+
 def write_records(path, records: list[dict]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tmp.replace(path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))

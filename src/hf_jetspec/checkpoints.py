@@ -74,10 +74,11 @@ def read_config(folder: Path, what: str = "model") -> dict:
     return config
 
 
-def weight_shapes(folder: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
+def weight_shapes(folder: Path, dtypes: dict | None = None) -> tuple[Path, dict[str, tuple[int, ...]]] | None:
     """(the weights file, shape of every tensor) from the safetensors header(s) of ``folder``, without reading the
-    tensors; None when the folder holds no safetensors weights (other formats are left to transformers).
-    ``OSError`` when a file is truncated or not safetensors."""
+    tensors (and each tensor's dtype name, ``"F32"``, ``"I64"``, ..., into ``dtypes`` when given); None when the
+    folder holds no safetensors weights (other formats are left to transformers). ``OSError`` when a file is
+    truncated or not safetensors."""
     from safetensors import safe_open
 
     single, index = folder / WEIGHTS, folder / WEIGHTS_INDEX
@@ -85,7 +86,10 @@ def weight_shapes(folder: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | Non
         files = [single]
     elif index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            content = json.loads(index.read_text())
+            if "metadata" not in content:  # transformers reads it (KeyError 'metadata' otherwise)
+                raise KeyError("no 'metadata'")
+            shards = sorted(set(content["weight_map"].values()))
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"{index}: not a valid safetensors index ({one_line(err)})") from None
         files = [folder / shard for shard in shards]
@@ -99,6 +103,8 @@ def weight_shapes(folder: Path) -> tuple[Path, dict[str, tuple[int, ...]]] | Non
             with safe_open(str(path), framework="pt") as f:
                 for key in f.keys():
                     shapes[key] = tuple(f.get_slice(key).get_shape())
+                    if dtypes is not None:
+                        dtypes[key] = f.get_slice(key).get_dtype()
         except Exception as err:  # safetensors raises its own SafetensorError for a damaged file
             raise OSError(f"{path}: not a complete safetensors file ({one_line(err)}); re-download or re-save it") \
                 from None
@@ -125,12 +131,17 @@ def check_head_folder(folder: Path, head_class) -> None:
         config = head_class.config_class.from_dict(raw)
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise ValueError(f"{path}: {one_line(err)}") from None
-    found = weight_shapes(folder)
+    dtypes: dict[str, str] = {}
+    found = weight_shapes(folder, dtypes)
     if found is None:
         if not any((folder / name).is_file() for name in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
             raise FileNotFoundError(f"JetSpec head folder {folder}: no {WEIGHTS} (the weights)")
         return
     weights, shapes = found
+    # a head's weights are floating point; `d2t` (vLLM's draft-to-target id offsets) is the one integer tensor
+    if integer := sorted(k for k, kind in dtypes.items() if not kind.startswith(("F", "BF")) and k != "d2t"):
+        raise ValueError(f"{weights}: {_describe(integer)} {'is' if len(integer) == 1 else 'are'} "
+                         f"{dtypes[integer[0]]}, not floating point: not a head's weights (damaged or converted?)")
     shapes = {key.removeprefix(HEAD_PREFIX): shape for key, shape in shapes.items()}
     with torch.device("meta"):
         expected = {key: tuple(value.shape) for key, value in head_class(config).state_dict().items()}

@@ -67,6 +67,18 @@ def _number(minimum: float, maximum: float | None = None, above: bool = False):
     return parse
 
 
+MIN_TEMPERATURE = 1e-6  # below it float32 logits / T overflow to inf (and sampling is greedy in all but name)
+
+
+def _temperature(text: str) -> float:
+    """0 (greedy) or a number >= `MIN_TEMPERATURE`."""
+    value = _number(0.0)(text)
+    if 0 < value < MIN_TEMPERATURE:
+        raise argparse.ArgumentTypeError(f"must be 0 (greedy) or >= {MIN_TEMPERATURE:g} (smaller temperatures "
+                                         f"overflow the logits), got {text!r}")
+    return value
+
+
 def _comma_list(item):
     """A comma-separated list of ``item`` values (at least one)."""
 
@@ -142,13 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most tokens to generate (default: 128)")
     g.add_argument("--budget", "--budgets", dest="budget", type=_budget, default=None, metavar="N",
                    help=f"tree budget: nodes verified per step, 1..{MAX_FORWARD_TOKENS} (default: the head's)")
-    g.add_argument("--temperature", type=_number(0.0), default=0.0, metavar="T",
+    g.add_argument("--temperature", type=_temperature, default=0.0, metavar="T",
                    help="0 = greedy (default; identical to plain greedy in float32), > 0 = sample")
     g.add_argument("--top-p", type=_number(0.0, 1.0, above=True), default=None, metavar="P",
                    help="nucleus sampling: keep the smallest top set of probability >= P (needs --temperature > 0)")
     g.add_argument("--top-k", type=_integer(0), default=None, metavar="K",
                    help="sample among the K most likely tokens, 0 = all (needs --temperature > 0)")
-    g.add_argument("--seed", type=_integer(0), default=None, metavar="S",
+    g.add_argument("--seed", type=_integer(0, 2**63 - 1), default=None, metavar="S",
                    help="seed torch's generator before each run (sampling)")
     draft_args(g, "--strategy spec-jacobi / assisted")
     g.add_argument("--compare", action="store_true",
@@ -176,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of: " + ", ".join(STRATEGIES) + " (default: ar,jetspec)")
     b.add_argument("--budgets", "--budget", dest="budgets", type=_comma_list(_budget), default=[32], metavar="LIST",
                    help=f"comma list of JetSpec tree budgets, each 1..{MAX_FORWARD_TOKENS} (default: 32)")
-    b.add_argument("--temperatures", type=_comma_list(_number(0.0)), default=[0.0], metavar="LIST",
+    b.add_argument("--temperatures", type=_comma_list(_temperature), default=[0.0], metavar="LIST",
                    help="comma list of temperatures: 0 = greedy (outputs checked against plain greedy), > 0 = every "
                         "strategy and the plain-generate baseline sample (names get a /T<t> suffix)")
     b.add_argument("--oracle-block", type=_integer(2, MAX_FORWARD_TOKENS), default=16, metavar="B",
@@ -238,6 +250,10 @@ def check_arguments(args) -> None:
     if getattr(args, "draft_model", None) and getattr(args, "draft_layers", None):
         raise CLIError("give --draft-model or --draft-layers, not both")
     if args.command == "generate":
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the shell passed that are not UTF-8 (kept by Python as surrogates)
+            raise CLIError("the prompt is not valid UTF-8 text") from None
         if args.temperature == 0 and (args.top_p is not None or args.top_k is not None):
             raise CLIError("--top-p / --top-k shape sampling: add --temperature > 0 (0 = greedy)")
         if "draft_model" in STRATEGIES[args.strategy].needs and not (args.draft_model or args.draft_layers):
@@ -552,6 +568,9 @@ def cmd_calibrate(args) -> int:
         if not Path(log).is_file():
             raise CLIError(f"calibration log {log}: no such file")
     records = read_records(args.logs)
+    if not records and args.node_cost is None:
+        raise CLIError(f"no calibration records in {', '.join(map(str, args.logs))} and no --node-cost: nothing to "
+                       "fit (record some with `hf-jetspec bench --calibration-log FILE`)")
     existing = Path(args.out) / CALIBRATION_FILE
     base = Calibration.load(existing) if existing.is_file() else None
     node_cost = None
@@ -601,26 +620,21 @@ def _error(message) -> int:
 def main(argv: list[str] | None = None) -> int:
     console = argv is None  # the command line, a fresh process: tune MKL before its first matrix product
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"]:  # the trainer has its own argument parser
-        from .training.trainer import main as train_main
-
+    try:
         if console:
             from .cpu import tune_mkl
 
             tune_mkl()
-        return train_main(argv[1:])
-    try:
+        if argv[:1] == ["train"]:  # the trainer has its own argument parser
+            from .training.trainer import main as train_main
+
+            return train_main(argv[1:])
         args = build_parser().parse_args(argv)
-    except SystemExit as done:  # --help, --version, or an argument error (already printed)
-        return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
-    try:
         check_arguments(args)
-        if console:
-            from .cpu import tune_mkl
-
-            tune_mkl()
         with quiet_libraries(getattr(args, "verbose", False)):
             return args.func(args)
+    except SystemExit as done:  # --help, --version, or an argument error (already printed)
+        return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
     except (CLIError, ValueError, OSError) as err:
         return _error(err)
     except KeyError as err:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -49,6 +51,20 @@ def target_size(config, *names: str, default: int) -> int:
         value = max((v for v in value if isinstance(v, int)), default=default)
     return int(value)
 
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# integer fields and their smallest valid value; positive real fields
+INT_FIELDS = {"block_size": 1, "mask_token_id": 0, "num_hidden_layers": 1, "hidden_size": 1, "intermediate_size": 1,
+              "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 1, "max_position_embeddings": 1,
+              "tree_budget": 1, "tree_width": 1, "vocab_size": 1, "target_num_layers": 1}
+POSITIVE_FIELDS = ("rms_norm_eps", "rope_theta", "initializer_range")
 
 MIN_DRAFT_VOCAB = 64  # tree widths draw distinct children from the draft vocabulary
 
@@ -101,17 +117,39 @@ class JetSpecConfig(PretrainedConfig):
     training_summary: dict | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
-        if self.target_layer_ids is None:
+        if self.target_layer_ids is None and _is_int(self.target_num_layers):
             self.target_layer_ids = default_target_layer_ids(self.target_num_layers, 1)
+        type_problems = self.type_problems()
+        if type_problems:
+            raise ValueError("Invalid JetSpecConfig: " + "; ".join(type_problems))
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         if self.draft_vocab is not None:
             self.draft_vocab = sorted(int(i) for i in self.draft_vocab)
         super().__post_init__(**kwargs)
         self.validate_head()
 
+    def type_problems(self) -> list[str]:
+        """The fields whose JSON type is wrong (a string, float or bool where a count is expected, ...)."""
+        problems = [f"{name} must be an integer >= {low}, got {getattr(self, name)!r}"
+                    for name, low in INT_FIELDS.items()
+                    if not _is_int(getattr(self, name)) or getattr(self, name) < low]
+        problems += [f"{name} must be a number > 0, got {getattr(self, name)!r}" for name in POSITIVE_FIELDS
+                     if not _is_number(getattr(self, name)) or not getattr(self, name) > 0]
+        problems += [f"{name} must be a number, got {getattr(self, name)!r}" for name in ("dropout",)
+                     if not _is_number(getattr(self, name))]
+        problems += [f"{name} must be true or false, got {getattr(self, name)!r}" for name in ("causal",
+                     "attention_bias") if not isinstance(getattr(self, name), bool)]
+        for name in ("target_layer_ids", "draft_vocab"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (list, tuple)) or not all(map(_is_int, value))):
+                problems.append(f"{name} must be a list of integers, got {value!r:.80}")
+        return problems
+
     def validate_head(self) -> None:
         """Raise ``ValueError`` naming the first inconsistent field."""
-        problems = []
+        problems = self.type_problems()
+        if problems:  # the checks below compare values of the right types
+            raise ValueError("Invalid JetSpecConfig: " + "; ".join(problems))
         if self.block_size < 2:
             problems.append(f"block_size must be >= 2, got {self.block_size}")
         if not self.target_layer_ids:
@@ -128,8 +166,6 @@ class JetSpecConfig(PretrainedConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-        if self.tree_budget < 1 or self.tree_width < 1:
-            problems.append(f"tree_budget and tree_width must be >= 1, got {self.tree_budget}, {self.tree_width}")
         if self.draft_vocab is not None:
             ids = self.draft_vocab
             outside = any(not 0 <= i < self.vocab_size for i in ids)

@@ -54,6 +54,7 @@ from safetensors.torch import save_file
 
 from .config import JetSpecConfig
 from .head import JetSpecHead
+from .files import json_field, refuse_foreign_files
 
 VLLM_ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_NAME = "model.safetensors"
@@ -143,6 +144,15 @@ def export_state_dict(head: JetSpecHead, target=None, drop_draft_vocab: bool = F
     return state, len(vocab)
 
 
+EXPORT_FILES = ("config.json", WEIGHTS_NAME, "README.md")
+
+
+def is_export(folder: Path) -> bool:
+    """``folder`` holds an earlier export of this library (its config.json keeps the head's own fields)."""
+    return isinstance(json_field(folder / "config.json", "jetspec"), dict) and \
+        json_field(folder / "config.json", "dflash_config") is not None
+
+
 def export_vllm(head: JetSpecHead | str | os.PathLike, out_dir: str | os.PathLike, *, target=None,
                 drop_draft_vocab: bool = False) -> Path:
     """Write ``head`` (a `JetSpecHead` or a folder / Hub id to load one from) into ``out_dir`` in vLLM's DFlash
@@ -151,10 +161,11 @@ def export_vllm(head: JetSpecHead | str | os.PathLike, out_dir: str | os.PathLik
     '{"method": "dflash", "model": "OUT_DIR", "num_speculative_tokens": K}'`` (K <= block_size - 1)."""
     if not isinstance(head, JetSpecHead):
         head = JetSpecHead.from_pretrained(head)
+    out = Path(out_dir)
+    refuse_foreign_files(out, EXPORT_FILES, is_export, "export folder")
     state, draft_vocab_size = export_state_dict(head, target, drop_draft_vocab)
     config = vllm_config_dict(head.config, draft_vocab_size)
     config["dtype"] = str(head.fc.weight.dtype).removeprefix("torch.")
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, out / WEIGHTS_NAME, metadata={"format": "pt"})
     (out / WEIGHTS_NAME).chmod(0o644)

@@ -8,6 +8,7 @@ write leaves the old file in place. `fallback_file` picks where results go when 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -58,6 +59,28 @@ def check_folder_path(path: str | os.PathLike, label: str = "output folder") -> 
     else:
         _check_creatable(path, label)
     return path
+
+
+def refuse_foreign_files(folder: str | os.PathLike, names, ours: Callable[[Path], bool], label: str) -> None:
+    """Refuse to write the files ``names`` into ``folder`` when one of them is already there and the folder is not
+    one this library wrote (``ours(folder)``, e.g. an earlier export): a user's model, card or notes are never
+    overwritten without asking. Creates nothing."""
+    folder = Path(folder)
+    present = sorted(name for name in names if (folder / name).exists())
+    if present and not ours(folder):
+        raise FileExistsError(f"{label} {folder} already holds {', '.join(present)}, which hf_jetspec did not write "
+                              "there: choose a new or empty folder (nothing was written)")
+
+
+def json_field(path: Path, *keys: str):
+    """``path``'s JSON object's value at ``keys`` (nested), or None when the file is missing, not JSON or lacks it."""
+    try:
+        value = json.loads(path.read_text())
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+    except (OSError, ValueError):
+        return None
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:

@@ -10,6 +10,7 @@ The fused target context is projected once per layer into keys/values that are c
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass, field
 
 import torch
@@ -281,6 +282,9 @@ class JetSpecHead(PreTrainedModel):
         except RuntimeError as err:  # transformers' mismatched-sizes error (after a load report)
             raise ValueError(f"JetSpec head {os.fspath(name)!r}: weights do not match its config ({one_line(err)})"
                              ) from None
+        except pickle.UnpicklingError as err:  # a pytorch_model.bin that torch.load (weights only) cannot read
+            raise ValueError(f"JetSpec head {os.fspath(name)!r}: its pytorch_model.bin is not a loadable PyTorch "
+                             f"checkpoint ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
         from .export_vllm import draft_vocab_from_checkpoint
 
         try:

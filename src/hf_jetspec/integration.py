@@ -11,6 +11,8 @@ head was made for this target (generate()'s own check would otherwise ask a mism
 
 from __future__ import annotations
 
+import torch
+
 from .decoding.jetspec import jetspec_generate
 from .head import JetSpecHead
 
@@ -42,6 +44,9 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
 
 def enable(model):
     """Let ``model.generate(..., assistant_model=head)`` accept `JetSpecHead` s. Returns ``model`` (idempotent)."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "generate"):
+        raise ValueError(f"enable() takes a loaded transformers model (whose generate() then accepts heads), got "
+                         f"{type(model).__name__}")
     cls = type(model)
     if cls in _SUBCLASSES.values():
         return model

@@ -64,8 +64,12 @@ def file_sha256(path: str | os.PathLike) -> str:
 def load_gguf(gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load (and dequantise to float32) a causal LM and its tokenizer from one GGUF file."""
     kwargs = {"gguf_file": gguf_path.name}
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+    except (ValueError, KeyError, IndexError, EOFError) as err:  # a tensor's data cut short: numpy's reshape
+        raise ValueError(f"{gguf_path}: cannot read it as a GGUF model (truncated or damaged?): "
+                         f"{' '.join(str(err).split())}") from None
     return model, tokenizer
 
 
@@ -288,7 +292,9 @@ def load_target(path: str | None, dtype: str = "float32", device: str | None = N
     """(model, tokenizer): ``path`` (an HF folder or Hub id) or the embedded default SmolLM2-135M-Instruct;
     ``dtype`` a name from `DTYPES`. A missing folder, a folder without ``config.json`` and an unavailable device
     raise one-line errors before anything loads."""
-    from .checkpoints import local_folder, one_line, read_config
+    from huggingface_hub.errors import StrictDataclassError
+
+    from .checkpoints import local_folder, one_line, read_config, weight_shapes
 
     check_device(device)
     if path is None:
@@ -296,10 +302,13 @@ def load_target(path: str | None, dtype: str = "float32", device: str | None = N
     folder = local_folder(path, "model")
     if folder is not None:
         read_config(folder, "model")
+        weight_shapes(folder)  # a truncated or damaged safetensors file: one line naming it
     try:
         # transformers' own choice: sdpa where the architecture supports it, else eager (Gemma 2's soft-capping)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
         tokenizer = AutoTokenizer.from_pretrained(path)
+    except StrictDataclassError as err:  # a config field of the wrong type or value (huggingface_hub validation)
+        raise ValueError(f"model {path!r}: invalid config.json ({one_line(err)})") from None
     except (OSError, ValueError) as err:
         where = "" if folder is not None else " (not a local folder; tried the Hub)"
         kind = OSError if isinstance(err, OSError) else ValueError  # library subclasses take other arguments

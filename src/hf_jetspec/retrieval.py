@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .calibration import CALIBRATION_FILE, Calibration
+from .limits import check_range
 from .suffix_index import DATASTORE_FILE, Candidates, ContextIndex, CorpusIndex, merge_candidates
 
 DEFAULT_RETRIEVAL_DEPTH = 16
@@ -24,9 +25,9 @@ class RetrievalDrafter:
 
     def __init__(self, corpus: CorpusIndex | None = None, depth: int = DEFAULT_RETRIEVAL_DEPTH, max_match: int = 32,
                  max_occurrences: int = 64) -> None:
-        if depth < 1 or max_match < 1 or max_occurrences < 1:
-            raise ValueError(f"retrieval depth, max_match and max_occurrences must be >= 1, got {depth}, "
-                             f"{max_match}, {max_occurrences}")
+        check_range("retrieval_depth", depth)
+        check_range("max_match", max_match, maximum=2**31)
+        check_range("max_occurrences", max_occurrences, maximum=2**31)
         self.corpus, self.depth = corpus, depth
         self.max_match, self.max_occurrences = max_match, max_occurrences
         self.start()

@@ -23,7 +23,7 @@ from collections import OrderedDict
 import torch
 
 from ..acceptance import accept_walk
-from ..limits import check_window_limits
+from ..limits import MAX_FORWARD_TOKENS, check_range, check_window_limits
 from ..tree import DraftTree
 from .rows import per_row
 from .session import DecodingSession
@@ -193,8 +193,8 @@ def jacobi_generate(
     """
     if init not in INITIALISERS:
         raise ValueError(f"Unknown Jacobi init {init!r}; choose from {INITIALISERS}")
-    if window < 0 or ngram_pool < 0:
-        raise ValueError(f"window and ngram_pool must be >= 0, got {window} and {ngram_pool}")
+    check_range("window", window, minimum=0, maximum=MAX_FORWARD_TOKENS - 1)
+    check_range("ngram_pool", ngram_pool, minimum=0, maximum=MAX_FORWARD_TOKENS - 1)
     check_window_limits(model, input_ids.shape[1], generation_config, window, ngram_pool, pool_ngram_size)
     pool = NgramPool(pool_ngram_size) if ngram_pool else None
     pad_id, vocab = pad_token(generation_config, model), model.get_output_embeddings().weight.shape[0]

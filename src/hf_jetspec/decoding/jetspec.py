@@ -13,7 +13,7 @@ from ..acceptance import DEFAULT_SAMPLING_RULE, accept, check_sampling_rule, dra
 from ..calibration import Calibration, resolve_node_cost
 from ..drafters import Drafter, HeadDrafter
 from ..head import JetSpecHead
-from ..limits import check_tree_limits
+from ..limits import check_range, check_tree_limits
 from ..models import as_draft_head
 from ..retrieval import DEFAULT_RETRIEVAL_DEPTH, RetrievalDrafter, resolve_retrieval
 from ..tree import TREE_BUILDERS, DraftTree, merged_tree, sampled_tree
@@ -32,14 +32,20 @@ def tree_settings(draft_head: JetSpecHead | None, budget: int | None, width: int
     default = getattr(config, "tree_budget", DEFAULT_TREE_BUDGET)
     budget = budget if budget is not None else max(default, DEFAULT_TREE_BUDGET) if merged else default
     width = width if width is not None else getattr(config, "tree_width", DEFAULT_TREE_WIDTH)
-    if budget < 1 or width < 1:
-        raise ValueError(f"tree_budget and tree_width must be >= 1, got {budget} and {width}")
-    return budget, width
+    return check_range("tree_budget", budget), check_range("tree_width", width)
 
 
 def resolve_drafter(model, draft_head: JetSpecHead | None, drafter: Drafter | None, required: bool = True
                     ) -> Drafter | None:
     if drafter is not None:
+        missing = [name for name in ("block_size", "layer_ids", "start", "observe", "propose")
+                   if not hasattr(drafter, name)]
+        block = getattr(drafter, "block_size", None)
+        if missing or not isinstance(block, int) or isinstance(block, bool) or block < 1:
+            what = f"lacks {', '.join(missing)}" if missing else f"has block_size {block!r}"
+            hint = " (a JetSpecHead goes to draft_head=)" if isinstance(drafter, JetSpecHead) else ""
+            raise ValueError(f"drafter= must implement hf_jetspec.drafters.Drafter (an integer block_size >= 1, "
+                             f"layer_ids, start, observe, propose): {type(drafter).__name__} {what}{hint}")
         return drafter
     if draft_head is None:
         if not required:
@@ -47,6 +53,16 @@ def resolve_drafter(model, draft_head: JetSpecHead | None, drafter: Drafter | No
         raise ValueError("JetSpec decoding needs a draft head: pass draft_head=JetSpecHead.from_pretrained(...) "
                          "(or use hf_jetspec.suffix_generate: retrieval drafting without a head).")
     return HeadDrafter(draft_head, model)
+
+
+def check_draft(draft, drafter: Drafter, depth: int, vocab: int) -> torch.Tensor:
+    """``draft`` (``drafter.propose``'s logits ``[rows, V]`` over the target's vocabulary), or a ``ValueError``
+    saying what a custom drafter returned instead."""
+    if not isinstance(draft, torch.Tensor) or draft.dim() != 2 or draft.shape[1] != vocab:
+        got = f"a tensor of shape {list(draft.shape)}" if isinstance(draft, torch.Tensor) else type(draft).__name__
+        raise ValueError(f"{type(drafter).__name__}.propose(ids, depth={depth}) must return logits [depth, {vocab}] "
+                         f"(a row per depth over the target's vocabulary), got {got}")
+    return draft
 
 
 def log_records(log: list, tree: DraftTree, records: list, visited: list[int]) -> None:
@@ -130,6 +146,13 @@ def jetspec_generate(
     check_tree_limits(model, generation_config, tree_budget, tree_width)
     drafter = resolve_drafter(model, draft_head, drafter, required=retriever is None or retrieval is None)
     build_tree = TREE_BUILDERS[tree_builder]
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise ValueError(f"calibration= takes a hf_jetspec.calibration.Calibration (Calibration.load(path)), got "
+                         f"{type(calibration).__name__}")
+    if calibration_log is not None and not isinstance(calibration_log, list):
+        raise ValueError(f"calibration_log= takes a list that receives the records, got "
+                         f"{type(calibration_log).__name__}")
     calibration = calibration or getattr(draft_head, "calibration", None) or Calibration()
     kappa = resolve_node_cost(node_cost, calibration, model, tree_budget) if retriever is not None else None
 
@@ -139,7 +162,8 @@ def jetspec_generate(
         budget = session.node_room(tree_budget)
         depth = min(drafter.block_size - 1, budget - 1, session.max_depth()) if drafter is not None else 0
         with session.drafting():
-            draft = drafter.propose(session.ids, depth) if drafter is not None else None
+            draft = check_draft(drafter.propose(session.ids, depth), drafter, depth, vocab) \
+                if drafter is not None else None
             found = retriever.candidates(session.ids, min(budget - 1, session.max_depth())) if retriever else None
         if retriever is not None:
             probs = torch.softmax(draft[:depth].float(), dim=-1) if depth > 0 else None

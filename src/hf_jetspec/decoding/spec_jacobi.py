@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from ..acceptance import accept
 from ..attention import sliding_window
 from ..cache import cache_kwarg, check_cache, full_layers, keep_positions
-from ..limits import check_window_limits
+from ..limits import check_range, check_window_limits
 from ..tokens import TokenSelector
 from ..tree import DraftTree
 from .jacobi import leading_matches
@@ -33,7 +33,12 @@ class DraftRunner:
     """The draft model and its own KV cache, which always holds a prefix of the committed sequence."""
 
     def __init__(self, draft_model, target_vocab: int) -> None:
-        vocab = draft_model.get_output_embeddings().weight.shape[0]
+        lm_head = draft_model.get_output_embeddings() if hasattr(draft_model, "get_output_embeddings") else None
+        if getattr(lm_head, "weight", None) is None:
+            raise ValueError(f"draft_model= takes a loaded causal LM with an LM head (AutoModelForCausalLM."
+                             f"from_pretrained(...)), got {type(draft_model).__name__}; a JetSpecHead is a "
+                             "draft_head= of jetspec_generate")
+        vocab = lm_head.weight.shape[0]
         if vocab != target_vocab:
             raise ValueError(f"The draft model's vocabulary ({vocab}) differs from the target's ({target_vocab}): "
                              "speculative Jacobi needs a draft with the same tokenizer.")
@@ -127,9 +132,8 @@ def speculative_jacobi_generate(
     """
     if draft_model is None:
         raise ValueError("Speculative Jacobi decoding needs draft_model= (a causal LM with the same tokenizer).")
-    if num_draft_tokens < 1 or jacobi_iterations < 0:
-        raise ValueError(f"num_draft_tokens must be >= 1 and jacobi_iterations >= 0, got {num_draft_tokens} and "
-                         f"{jacobi_iterations}")
+    check_range("num_draft_tokens", num_draft_tokens)
+    check_range("jacobi_iterations", jacobi_iterations, minimum=0, maximum=10**6)
     check_window_limits(model, input_ids.shape[1], generation_config, num_draft_tokens, name="num_draft_tokens")
     draft = DraftRunner(draft_model, model.get_output_embeddings().weight.shape[0])
     slot_accepts, rounds, jacobi_tokens, draft_forwards = [0] * num_draft_tokens, 0, 0, 0
