@@ -262,6 +262,41 @@ def test_targets_a_tree_cannot_be_verified_on_are_refused(model_type, extra, mes
             model.generate(prompt, do_sample=False, max_new_tokens=6, **kwargs)
 
 
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_flex_attention_targets_on_cpu(model_type):
+    """With attn_implementation="flex_attention" on CPU, plain generate() works (transformers passes block masks)
+    but a verification forward with a dense tree mask made torch's compiled flex kernel index out of bounds (suffix,
+    merged trees) or corrupt the heap and kill the process (Jacobi). Off CUDA, tree steps now run on sdpa."""
+    torch.manual_seed(20)
+    config = AutoConfig.for_model(model_type, **COMMON)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="flex_attention").eval()
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    assert model.config._attn_implementation == "flex_attention"
+    prompt = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(20))
+    try:
+        free_run = greedy_reference(model, prompt, max_new_tokens=20)
+    except Exception as err:  # noqa: BLE001 (torch inductor needs a working C++ toolchain for CPU flex)
+        pytest.skip(f"plain generate() with flex_attention fails on this machine: {type(err).__name__}")
+    for name, kwargs in strategies(model, free_run, seed=20).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=20, **kwargs)
+        assert_same_tokens(free_run, out, f"[{model_type} flex_attention {name}]")
+    assert model.config._attn_implementation == "flex_attention"
+
+
+def test_heads_for_targets_with_an_odd_per_head_size():
+    """GPT-NeoX / Phi / StableLM with hidden 36 and 4 heads (9 per head, partial rotary): `for_target` copied the 9
+    and refused itself ("head_dim must be even for rotary embeddings"), so neither the default CLI strategy nor
+    `train` could make a head. The head's attention is its own: it rounds up to 10."""
+    model = make("gpt_neox", seed=1, hidden_size=36, num_attention_heads=4, rotary_pct=0.5)
+    head = JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)
+    assert head.config.head_dim == 10
+    prompt = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+    free_run = greedy_reference(model, prompt, max_new_tokens=20)
+    for name, kwargs in strategies(model, free_run, seed=1).items():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=20, **kwargs)
+        assert_same_tokens(free_run, out, f"[gpt_neox head_dim 9 {name}]")
+
+
 def test_recurrent_depth_targets_decode_losslessly_and_refuse_heads_by_name():
     """HRM cycles two small layer stacks several times per token (num_hidden_layers counts the cycles' cache layers,
     not modules): a head has no single layer output to tap, and `for_target` said only "Cannot find the decoder

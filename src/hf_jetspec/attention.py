@@ -159,6 +159,10 @@ def plan_tree_attention(model, use_kernel: bool | None = None) -> TreeAttentionP
         return TreeAttentionPlan(KERNEL_IMPLEMENTATION, kernel=True)
     if use_kernel:
         raise ValueError(f"The jetspec_tree Triton kernel is not available on {device} (needs CUDA + triton, or TRITON_INTERPRET=1).")
+    if impl == "flex_attention" and device.type != "cuda":
+        # torch's compiled CPU flex kernel reads out of bounds, or corrupts the heap, on a dense float mask of
+        # several new tokens over a cached prefix (torch 2.13; transformers' own decoding passes block masks)
+        return TreeAttentionPlan("sdpa", kernel=False, window=window, mixed=mixed)
     if impl in MASK_IMPLEMENTATIONS:
         return TreeAttentionPlan(impl, kernel=False, window=window, mixed=mixed)
     if impl.startswith("flash_attention") or impl == KERNEL_IMPLEMENTATION:

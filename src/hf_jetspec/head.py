@@ -215,7 +215,8 @@ class JetSpecHead(PreTrainedModel):
                                           default=4 * hidden),
             num_attention_heads=heads,
             num_key_value_heads=target_size(text, "num_key_value_heads", default=heads),
-            head_dim=target_size(text, "head_dim", default=hidden // heads),
+            # the head's attention is its own: an odd per-head size (GPT-NeoX 36 / 4) rounds up for its rotary
+            head_dim=(lambda d: d + d % 2)(target_size(text, "head_dim", default=hidden // heads)),
             rms_norm_eps=float(target_value(text, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon",
                                             default=1e-6)),
             rope_theta=rope.get("rope_theta", target_value(text, "rope_theta", default=10000.0)),
