@@ -53,8 +53,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import JetSpecConfig
-from .head import JetSpecHead
 from .files import json_field, refuse_foreign_files
+from .head import JetSpecHead
 
 VLLM_ARCHITECTURE = "DFlashDraftModel"
 WEIGHTS_NAME = "model.safetensors"
