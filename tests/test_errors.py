@@ -165,6 +165,30 @@ def test_memory_bound_names_the_limit(monkeypatch):
     assert torch.equal(out, greedy_reference(model, torch.tensor([[5, 6, 7]]), max_new_tokens=8))
 
 
+def test_a_length_no_forward_fits_is_named_as_the_length():
+    model = make_target("llama")
+    head = JetSpecHead.for_target(model, block_size=6)
+    for kwargs in (dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=head),
+                   dict(custom_generate=hf_jetspec.suffix_generate),
+                   dict(custom_generate=hf_jetspec.jacobi_generate, window=4)):
+        with pytest.raises(ValueError, match=r"max_length=\d+ \(prompt \+ max_new_tokens\) is too long") as err:
+            model.generate(torch.tensor([[5, 6, 7]]), do_sample=False, max_new_tokens=10**15, **kwargs)
+        assert "tree_budget" not in str(err.value) and "window" not in str(err.value)
+
+
+def test_a_target_left_on_the_meta_device_is_refused():
+    model = make_target("llama")
+    with torch.device("meta"):
+        empty = type(model)(model.config)
+    for kwargs in (dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=JetSpecHead.for_target(model)),
+                   dict(custom_generate=hf_jetspec.suffix_generate),
+                   dict(custom_generate=hf_jetspec.jacobi_generate)):
+        with pytest.raises(ValueError, match="weights are on the meta device"):
+            empty.generate(torch.tensor([[5, 6, 7]]), do_sample=False, max_new_tokens=4, **kwargs)
+    with pytest.raises(ValueError, match="load its weights first"):
+        JetSpecHead.for_target(empty)
+
+
 # ------------------------------------------------------------------------------------------------ 3. head loading
 
 
@@ -188,6 +212,20 @@ def test_bad_heads_are_one_line(model_dir, tmp_path, capsys):
     one_error_line(capsys, "model", "no such folder")
 
 
+def test_a_head_with_nan_weights_is_refused(model_dir, tmp_path, capsys):
+    head = JetSpecHead.from_pretrained(model_dir / "head")
+    with torch.no_grad():
+        head.fc.weight[0, 0] = float("nan")
+        head.layers[0].mlp.down_proj.weight[1, 1] = float("inf")
+    head.save_pretrained(tmp_path / "diverged")
+    with pytest.raises(ValueError, match=r"fc.weight \(and 1 more tensors\) holds NaN or infinite weights"):
+        JetSpecHead.from_pretrained(tmp_path / "diverged")
+    capsys.readouterr()
+    assert main(["generate", "--model", str(model_dir / "model"), "--max-new-tokens", "2", "hi", "--head",
+                 str(tmp_path / "diverged")]) == 2
+    one_error_line(capsys, "diverged", "NaN or infinite")
+
+
 # --------------------------------------------------------------------------------------- 4. benchmark in and out
 
 
@@ -198,6 +236,7 @@ def test_bad_heads_are_one_line(model_dir, tmp_path, capsys):
     ('{"q": 12, "cat": "a"}', ":2: field 'q' is a int"),
     ('{"q": "", "cat": "a"}', ":2: field 'q' is empty"),
     ('{"q": "ok", "cat": {"a": 1}}', ":2: category field 'cat' is a dict"),
+    ('{"q": "again", "cat": "a", "id": 1}', ":2: prompt id '1' repeats line 1's"),
 ])
 def test_every_prompt_is_checked_before_the_run(line, message, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(models, "load_target", lambda *a: pytest.fail("a model was loaded"))

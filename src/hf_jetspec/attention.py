@@ -91,6 +91,11 @@ def check_target(model) -> None:
                          f"{type(model).__name__}")
     if model.config.is_encoder_decoder:
         raise ValueError("hf_jetspec supports decoder-only models.")
+    if execution_device(model).type == "meta":
+        raise ValueError(f"{type(model).__name__}'s weights are on the meta device (built under "
+                         "`torch.device('meta')` or `init_empty_weights`, never loaded) and no accelerate hook moves "
+                         "them for a forward: load its weights first (`from_pretrained`, or accelerate's "
+                         "`load_checkpoint_and_dispatch`)")
     sliding_window(model)
     check_position_encoding(model)
 

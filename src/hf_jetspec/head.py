@@ -298,6 +298,11 @@ class JetSpecHead(PreTrainedModel):
         problems = {key: info[key] for key in ("missing_keys", "unexpected_keys", "mismatched_keys") if info.get(key)}
         if problems:
             raise ValueError(f"Corrupt or incompatible JetSpec head checkpoint {name!s}: {problems}")
+        if bad := [key for key, value in model.state_dict().items()
+                   if value.is_floating_point() and value.device.type != "meta" and not value.isfinite().all()]:
+            more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+            raise ValueError(f"JetSpec head {os.fspath(name)!r}: {bad[0]}{more} holds NaN or infinite weights (a "
+                             "diverged training run or a damaged file)")
         from .retrieval import load_retrieval_assets
 
         model.datastore, model.calibration = load_retrieval_assets(name, **kwargs)

@@ -106,6 +106,11 @@ def check_forward_size(model, generation_config, setting: str, tokens: int) -> N
         from .devices import execution_device
 
         device = execution_device(model)
+        if limit == 0:  # not even one token fits: the length is the problem, not the setting
+            need = forward_bytes(model, 1, sequence + 1) / _GIB
+            raise ValueError(f"max_length={sequence} (prompt + max_new_tokens) is too long for {device}: one forward "
+                             f"over that many keys needs ~{need:.3g} GiB, more than {MEMORY_SHARE:.0%} of the "
+                             f"{available_memory(device) / _GIB:.1f} GiB free; ask for fewer new tokens")
         need = forward_bytes(model, tokens, sequence + tokens) / _GIB
         free = available_memory(device) / _GIB
         raise ValueError(f"{setting} would verify {tokens} tokens per forward, needing ~{need:.1f} GiB; {free:.1f} "

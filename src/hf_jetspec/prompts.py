@@ -69,7 +69,7 @@ def _text(value, where: str, what: str, numbers: bool = False) -> str:
 def jsonl_prompts(path: str | Path, field: str, category_field: str | None = None) -> list[Prompt]:
     """Prompts from a JSONL file: one JSON object per line; ``field`` holds the text (a non-empty string),
     ``category_field`` (optional) the category and ``id`` (optional) the prompt id (strings or numbers). Every line
-    is checked; the first bad one raises ``ValueError`` (``KeyError`` for a missing field) naming it."""
+    is checked; the first bad one (or a repeated id) raises ``ValueError`` (``KeyError`` for a missing field) naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Prompt file not found: {path}")
@@ -77,7 +77,7 @@ def jsonl_prompts(path: str | Path, field: str, category_field: str | None = Non
         lines = path.read_text().splitlines()
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    out = []
+    out, seen = [], {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -96,6 +96,9 @@ def jsonl_prompts(path: str | Path, field: str, category_field: str | None = Non
         category = _text(row[category_field], where, f"category field {category_field!r}", True) \
             if category_field else "all"
         prompt_id = _text(row["id"], where, "field 'id'", True) if "id" in row else str(number)
+        if prompt_id in seen:  # results are keyed by id: a repeat would overwrite the first prompt's numbers
+            raise ValueError(f"{where}: prompt id {prompt_id!r} repeats line {seen[prompt_id]}'s (ids must be unique)")
+        seen[prompt_id] = number
         out.append(Prompt(prompt_id, category, text))
     return out
 
