@@ -327,3 +327,27 @@ def test_accelerate_offloaded_target(offload):
     for name, kwargs in calls.items():
         out = target.generate(PROMPT, max_new_tokens=24, do_sample=False, **kwargs)
         assert_same_tokens(reference, out, name)
+
+
+def test_text_generation_pipeline(model_dir):
+    """transformers' ``pipeline("text-generation")`` passes generate kwargs through: every strategy, a chat batch
+    (left-padded by the pipeline), returns the texts plain greedy does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir / "model")
+    head = JetSpecHead.from_pretrained(model_dir / "head")
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    chats = [[{"role": "user", "content": "Write a haiku about the sea."}],
+             [{"role": "user", "content": "What is 2 + 2? Answer briefly."}]]
+    run = dict(max_new_tokens=12, do_sample=False, batch_size=2)
+
+    def texts(**kwargs):
+        return [out[0]["generated_text"][-1]["content"] for out in pipe(chats, **run, **kwargs)]
+
+    reference = texts()
+    hf_jetspec.enable(model)
+    assert texts(assistant_model=head) == reference
+    assert texts(custom_generate=hf_jetspec.jetspec_generate, draft_head=head, tree_budget=5) == reference
+    assert texts(custom_generate=hf_jetspec.suffix_generate) == reference
+    assert texts(custom_generate=hf_jetspec.jacobi_generate, window=3) == reference
