@@ -183,10 +183,9 @@ class CostCurve:
         if len(self.tokens) != len(self.cost) or not self.tokens or self.tokens[0] != 1 \
                 or any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
             raise ValueError(f"a cost curve needs increasing token counts from 1, got {self.tokens}")
-        monotone, top = [], 0.0
-        for value in self.cost:  # a measured point below an earlier one is noise
-            top = max(top, float(value))
-            monotone.append(top)
+        # a forward over more tokens never takes less time, and noise on a shared machine only adds time: a point
+        # above a later one was slowed down, and the later (faster) timing bounds it
+        monotone = [min(float(c) for c in self.cost[i:]) for i in range(len(self.cost))]
         # a point above n one-token forwards is noise too (a stalled timing): capped, the curve stays monotone
         object.__setattr__(self, "cost", tuple(min(c / monotone[0], float(n)) for n, c in zip(self.tokens, monotone)))
 
