@@ -292,9 +292,10 @@ def test_custom_generate_folder(tmp_path):
                          trust_remote_code=True, draft_head=head, streamer=recorder)
     assert_same_tokens(reference, out)
     assert recorder.ended and sum(recorder.chunks[1:], []) == reference[0, PROMPT.shape[1]:].tolist()
-    with pytest.raises(ValueError, match="Unknown strategy"):
-        model.generate(PROMPT, max_new_tokens=4, custom_generate=hf_jetspec.custom_generate_path(),
-                       trust_remote_code=True, draft_head=head, strategy="nope")
+    for strategy, why in (("nope", "'nope' is unknown"), ("ar", "'ar' is benchmark-only")):
+        with pytest.raises(ValueError, match=why):
+            model.generate(PROMPT, max_new_tokens=4, custom_generate=hf_jetspec.custom_generate_path(),
+                           trust_remote_code=True, draft_head=head, strategy=strategy)
 
 
 @pytest.mark.parametrize("offload", ["cpu_offload", "dispatch_model"])

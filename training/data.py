@@ -476,6 +476,10 @@ def store_answers(args: argparse.Namespace, conversations: list[dict], model, to
     from .sources import cached_select_prompts
 
     names = [name.strip() for name in args.source.split(",") if name.strip()]
+    for name in ("math", "magpie"):  # generated once and committed: answering none of them silently would mislead
+        if name in names and not (args.prompts_dir / f"{name}.jsonl").is_file():
+            raise SystemExit(f"--source {name}: no {args.prompts_dir / f'{name}.jsonl'} (the committed prompt file: "
+                             "run from the repository root, or pass --prompts-dir)")
     prompts, counts = cached_select_prompts(
         names, tokenizer, cache_dir=cache_root() / "prompts", sharegpt=args.sharegpt, conversations=conversations,
         math_path=args.prompts_dir / "math.jsonl", magpie_path=args.prompts_dir / "magpie.jsonl",

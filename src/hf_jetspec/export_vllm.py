@@ -189,7 +189,8 @@ vllm serve {base} --speculative-config \\
   '{{"method": "dflash", "model": "THIS_FOLDER", "num_speculative_tokens": {min(config.block_size - 1, 7)}}}'
 ```
 
-vLLM verifies a chain of `num_speculative_tokens` drafts (at most {config.block_size - 1}); this library's tree
+vLLM verifies a chain of `num_speculative_tokens` drafts (at most {config.block_size - 1}): for a head with tau
+below ~2 a small value (1-3) is faster, 7 or more for a head with tau ~4-5. This library's tree
 verification (budget {config.tree_budget}) is not available there. `hf_jetspec.JetSpecHead.from_pretrained` loads
 this folder back.
 """
@@ -242,7 +243,9 @@ def cmd_export_vllm(args) -> int:
         elif head.config.base_model == SMOLLM2_HUB_ID:
             target = default_model()[0]
     out = export_vllm(head, args.out, target=target, drop_draft_vocab=args.drop_draft_vocab)
-    k = min(head.config.block_size - 1, 7)
+    k_max = head.config.block_size - 1
+    k = min(k_max, 7)
     print(f"wrote {out} (vLLM DFlash layout). Serve with: vllm serve TARGET --speculative-config "
-          f"'{{\"method\": \"dflash\", \"model\": \"{out}\", \"num_speculative_tokens\": {k}}}'")
+          f"'{{\"method\": \"dflash\", \"model\": \"{out}\", \"num_speculative_tokens\": {k}}}' (1..{k_max}: "
+          "1-3 for a head with tau below ~2, 7 or more for tau ~4-5; docs/serving.md)")
     return 0

@@ -11,7 +11,8 @@ def generate(model, *args, strategy="jetspec", **kwargs):
     spec = hf_jetspec.STRATEGIES.get(strategy)
     if spec is None or spec.function is None or "reference" in spec.needs:
         runnable = [name for name, s in hf_jetspec.STRATEGIES.items() if s.function and "reference" not in s.needs]
-        raise ValueError(f"Unknown strategy {strategy!r}; choose from {runnable}")
+        why = "is unknown" if spec is None else "is benchmark-only (no custom_generate entry)"
+        raise ValueError(f"strategy {strategy!r} {why}; choose from {runnable}")
     streamer = kwargs.pop("streamer", None)
     if streamer is not None:  # generate() does not forward `streamer` to callables: hand it over explicitly
         kwargs["token_streamer"] = streamer
