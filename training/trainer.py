@@ -286,7 +286,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-steps", type=int, default=500)
     p.add_argument("--save-steps", type=int, default=500)
     p.add_argument("--logging-steps", type=int, default=10)
-    p.add_argument("--bf16", action="store_true", help="bf16 mixed precision for the head (CUDA; CPU autocast without one)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 mixed precision for the head (CUDA; CPU autocast without one)")
     p.add_argument("--target-dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     p.add_argument("--logits-dtype", choices=("float32", "bfloat16"), default=None,
                    help="dtype of the LM-head matmuls in the loss (default: the target's); bfloat16 made "

@@ -68,8 +68,8 @@ def _text(value, where: str, what: str, numbers: bool = False) -> str:
 
 def jsonl_prompts(path: str | Path, field: str, category_field: str | None = None) -> list[Prompt]:
     """Prompts from a JSONL file: one JSON object per line; ``field`` holds the text (a non-empty string),
-    ``category_field`` (optional) the category and ``id`` (optional) the prompt id (strings or numbers). Every line
-    is checked; the first bad one (or a repeated id) raises ``ValueError`` (``KeyError`` for a missing field) naming it."""
+    ``category_field`` (optional) the category and ``id`` (optional, unique) the prompt id (strings or numbers).
+    Every line is checked; the first bad one raises ``ValueError`` (``KeyError`` for a missing field) naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Prompt file not found: {path}")
