@@ -128,10 +128,24 @@ def test_a_stalled_timing_cannot_inflate_the_measured_cost(monkeypatch):
     calibration._MEASURED.clear()
     model = torch.nn.Linear(1, 1)
     curve = measure_cost_curve(model, 8)
-    assert curve.cost == pytest.approx((1.0, 1.1, 1.3, 1.7))
+    assert curve.tokens == tuple(range(1, 9)) and curve.cost == pytest.approx([1.0 + 0.1 * n for n in range(8)])
     assert worth_adding(0.9, 1.0, 1, curve)  # a likely node pays for itself
     calls.clear()
     assert measure_node_cost(model, nodes=8) == pytest.approx(0.1)
+
+
+def test_a_size_dearer_than_the_next_is_filled_up(monkeypatch):
+    """Where 3 tokens cost more than 4 (MKL's 3-row products on a CPU), the measured curve prices 3 like 4, so a
+    tree of 3 nodes takes a 4th for any positive gain instead of stopping at the dearer size."""
+    import hf_jetspec.calibration as calibration
+
+    seconds = {1: 1.0, 2: 1.0, 3: 1.3, 4: 1.05, 5: 1.2, 6: 1.25, 7: 1.5, 8: 1.3}
+    monkeypatch.setattr(calibration, "_timer", lambda model, prefix: lambda count: seconds[count])
+    calibration._MEASURED.clear()
+    curve = measure_cost_curve(torch.nn.Linear(1, 1), 8)
+    assert curve(3) == curve(4) == pytest.approx(1.05) and curve(7) == curve(8) == pytest.approx(1.3)
+    assert worth_adding(0.01, 2.0, 3, curve) and worth_adding(0.01, 3.0, 7, curve)
+    assert not worth_adding(0.01, 2.0, 4, curve)
 
 
 def test_merged_tree_fills_free_nodes_and_stops_where_they_cost():
@@ -151,10 +165,10 @@ def test_measure_node_cost_and_cost_curve_are_measured_once_per_model():
     kappa = measure_node_cost(model)
     assert kappa >= 0
     curve = measure_cost_curve(model, 8)
-    assert curve.tokens == (1, 2, 4, 8) and curve.cost[0] == 1.0 and list(curve.cost) == sorted(curve.cost)
+    assert curve.tokens == tuple(range(1, 9)) and curve.cost[0] == 1.0 and list(curve.cost) == sorted(curve.cost)
     assert measure_cost_curve(model, 5) is curve  # cached, covers 5
     longer = measure_cost_curve(model, 20)
-    assert longer.tokens == (1, 2, 4, 8, 16, 32) and measure_cost_curve(model, 8) is longer
+    assert longer.tokens == (*range(1, 17), 32) and measure_cost_curve(model, 8) is longer
     assert resolve_node_cost("auto", Calibration(), model, 8) is longer  # no stored cost: the measured curve
     assert resolve_node_cost(flat := CostCurve((1,), (1.0,)), Calibration(), None) is flat
     assert head_features(0.5, 4) == [1.0, 0.0, 0.25]

@@ -283,19 +283,28 @@ def measure_node_cost(model, nodes: int = 16, prefix: int = 64, repeats: int = 5
     return min(1.0, max(0.0, (many - one) / (nodes * one)))
 
 
+EVERY_SIZE_UP_TO = 16
+
+
 @torch.no_grad()
 def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: int = 5) -> CostCurve:
-    """The `CostCurve` of ``model`` on its device: forwards of 1, 2, 4, ... tokens up to the first power of two
-    >= ``max_tokens``, each the fastest of ``repeats`` interleaved timings (`_fastest`). Cached per model (measured
-    again only for a larger ``max_tokens``)."""
+    """The `CostCurve` of ``model`` on its device: forwards of every size from 1 to `EVERY_SIZE_UP_TO` tokens, then
+    of 32, 64, ... up to the first power of two >= ``max_tokens``, each the fastest of ``repeats`` interleaved
+    timings (`_fastest`). Every small size, because matrix-product kernels are uneven there (with MKL on a CPU, 3, 7,
+    11 and 15 rows cost more than 4, 8, 12 and 16: a tree filled to 4 nodes is cheaper than one stopped at 3, which
+    the curve's decreasing-from-the-right bound then shows). Cached per model (measured again only for a larger
+    ``max_tokens``)."""
     cached = _MEASURED.get(model)
     if cached is not None and cached.tokens[-1] >= max_tokens:
         return cached
     room = timing_positions(model)
     if room is not None:  # stay inside the positions the model embeds (and before any RoPE switch)
         prefix = max(1, min(prefix, room // 2))
-    sizes = [1]
-    while sizes[-1] < max(1, max_tokens):
+    top = 1
+    while top < max(1, max_tokens):
+        top *= 2
+    sizes = list(range(1, min(top, EVERY_SIZE_UP_TO) + 1))
+    while sizes[-1] < top:
         sizes.append(sizes[-1] * 2)
     if room is not None:
         sizes = sorted({min(n, max(1, room - prefix)) for n in sizes})
