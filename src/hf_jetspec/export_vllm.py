@@ -65,6 +65,10 @@ class ExportError(ValueError):
     """The head (or its pairing with a target) cannot be expressed in vLLM's DFlash layout; the message says why."""
 
 
+# which num_speculative_tokens pays (measured: docs/serving.md), for the model card and the command's hint
+K_ADVICE = "1-3 for a head with tau below ~2, 7 or more for one with tau ~4-5"
+
+
 def vllm_config_dict(config: JetSpecConfig, draft_vocab_size: int | None = None) -> dict[str, Any]:
     """The config.json vLLM's DFlash drafter reads, for a head with ``config`` (taps written in ascending order)."""
     taps = sorted(config.target_layer_ids)
@@ -189,8 +193,8 @@ vllm serve {base} --speculative-config \\
   '{{"method": "dflash", "model": "THIS_FOLDER", "num_speculative_tokens": {min(config.block_size - 1, 7)}}}'
 ```
 
-vLLM verifies a chain of `num_speculative_tokens` drafts (at most {config.block_size - 1}): for a head with tau
-below ~2 a small value (1-3) is faster, 7 or more for a head with tau ~4-5. This library's tree
+vLLM verifies a chain of `num_speculative_tokens` drafts (at most {config.block_size - 1}): {K_ADVICE}. This
+library's tree
 verification (budget {config.tree_budget}) is not available there. `hf_jetspec.JetSpecHead.from_pretrained` loads
 this folder back.
 """
@@ -247,5 +251,5 @@ def cmd_export_vllm(args) -> int:
     k = min(k_max, 7)
     print(f"wrote {out} (vLLM DFlash layout). Serve with: vllm serve TARGET --speculative-config "
           f"'{{\"method\": \"dflash\", \"model\": \"{out}\", \"num_speculative_tokens\": {k}}}' (1..{k_max}: "
-          "1-3 for a head with tau below ~2, 7 or more for tau ~4-5; docs/serving.md)")
+          f"{K_ADVICE}; docs/serving.md)")
     return 0
