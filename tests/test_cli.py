@@ -346,6 +346,35 @@ def test_bench_calibration_log_then_calibrate(model_dir, prompts_file, tmp_path,
         assert message in err and len(err.strip().splitlines()) == 1
 
 
+def test_train_command_logs_the_memorisation_gap(model_dir, tmp_path, capsys):
+    """--eval-train-count N evaluates the chain tau of N rows the head trains on next to the held-out rows at every
+    evaluation: the logged gap is their difference and the summary's trained chain tau is diagnose's measure of
+    the saved head on those rows."""
+    from hf_jetspec.training.diagnose import depth_accuracy
+    from hf_jetspec.training.features import split_rows
+
+    target, rows, data = _training_data(model_dir, tmp_path)
+    out_dir = tmp_path / "head"
+    args = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(out_dir),
+            "--max-steps", "4", "--batch-size", "2", "--num-anchors", "4", "--block-size", "4", "--head-layers", "1",
+            "--eval-count", "2", "--eval-decode-count", "0", "--eval-steps", "2", "--logging-steps", "1",
+            "--eval-train-count", "100"]  # more than there are: every trained row
+    assert main(args) == 0
+    summary = JetSpecHead.from_pretrained(out_dir).config.training_summary
+    history = json.loads((out_dir / "log_history.json").read_text())
+    evals = [h for h in history if "eval_train_chain_tau" in h]
+    assert len(evals) >= 2 and all(h["eval_train_chain_tau"] >= 1.0 for h in evals)
+    for h in evals:
+        assert h["eval_chain_tau_gap"] == pytest.approx(h["eval_train_chain_tau"] - h["eval_chain_tau"])
+    trained, _ = split_rows([rows], 2, 0)
+    head = JetSpecHead.from_pretrained(out_dir)
+    measured = depth_accuracy(head, target, trained, 4)["chain_tau"]
+    assert summary["chain_tau_trained"] == pytest.approx(measured, abs=1e-3)
+    assert "trained chain tau" in capsys.readouterr().out
+    assert main([*args, "--eval-train-count", "-1"]) == 2
+    assert "--eval-train-count must be >= 0" in capsys.readouterr().err
+
+
 def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path, capsys):
     """Feature noise, dropout, the acceptance loss, fixed anchors and prompt capping train and are recorded; early
     stopping evaluates the held-out chain tau and keeps the best checkpoint."""

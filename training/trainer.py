@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,9 @@ class SequenceDataset(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
+    def ids(self) -> set[str]:
+        return {str(r.get("id")) for r in self.rows}
+
     def __getitem__(self, i: int) -> dict:
         row = self.rows[i]
         ids = row["input_ids"][: self.max_length] if self.max_length else row["input_ids"]
@@ -56,6 +60,9 @@ class StoreDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def ids(self) -> set[str]:
+        return {str(self.store.items[i][1]["id"]) for i in self.indices}
 
     def __getitem__(self, i: int) -> dict:
         return {**self.store[self.indices[i]], "index": i}
@@ -104,9 +111,11 @@ class JetSpecTrainer(Trainer):
     def __init__(self, *args, target, kd_temperature: float = 1.0, depth_decay: float | None = None,
                  eval_max_new_tokens: int = 64, logits_dtype: torch.dtype | None = None,
                  sample_slots: bool = False, feature_noise: float = 0.0, acceptance_weight: float = 0.0,
-                 eval_sequences: list[dict] | None = None, eval_anchor_stride: int = 4, **kwargs) -> None:
+                 eval_sequences: list[dict] | None = None, train_sequences: list[dict] | None = None,
+                 eval_anchor_stride: int = 4, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.eval_anchor_stride = eval_anchor_stride
+        self.train_sequences = train_sequences or []
         self.feature_noise = feature_noise
         self.acceptance_weight = acceptance_weight
         self.eval_sequences = eval_sequences or []
@@ -148,7 +157,8 @@ class JetSpecTrainer(Trainer):
         """Tau of the real greedy JetSpec loop on the held-out prompts (``eval_tau``) and, given held-out
         sequences, their teacher-forced chain tau (``eval_chain_tau``: `diagnose.depth_accuracy` with an anchor at
         every ``eval_anchor_stride``-th position, the target's states computed once; deterministic and cheap, what
-        early stopping watches)."""
+        early stopping watches). Given ``train_sequences`` (rows it trains on), also their chain tau
+        (``eval_train_chain_tau``) and the memorisation gap, trained minus held-out (``eval_chain_tau_gap``)."""
         from .diagnose import depth_accuracy, with_target_states
 
         head = self.model.module if hasattr(self.model, "module") else self.model
@@ -156,15 +166,21 @@ class JetSpecTrainer(Trainer):
         metrics = {}
         if prompts:
             metrics[f"{metric_key_prefix}_tau"] = measure_tau(self.target, head, prompts, self.eval_max_new_tokens)
-        if self.eval_sequences:
-            if "features" not in self.eval_sequences[0]:  # the target's states: computed once, kept
-                self.eval_sequences = with_target_states(self.target, self.eval_sequences,
-                                                         head.config.target_layer_ids)
-            was_training = head.training
-            head.eval()
-            metrics[f"{metric_key_prefix}_chain_tau"] = depth_accuracy(
-                head, self.target, self.eval_sequences, self.eval_anchor_stride)["chain_tau"]
-            head.train(was_training)
+        was_training = head.training
+        head.eval()
+        for name, attr in (("chain_tau", "eval_sequences"), ("train_chain_tau", "train_sequences")):
+            sequences = getattr(self, attr)
+            if not sequences:
+                continue
+            if "features" not in sequences[0]:  # the target's states: computed once, kept
+                sequences = with_target_states(self.target, sequences, head.config.target_layer_ids)
+                setattr(self, attr, sequences)
+            metrics[f"{metric_key_prefix}_{name}"] = depth_accuracy(
+                head, self.target, sequences, self.eval_anchor_stride)["chain_tau"]
+        head.train(was_training)
+        if f"{metric_key_prefix}_chain_tau" in metrics and f"{metric_key_prefix}_train_chain_tau" in metrics:
+            metrics[f"{metric_key_prefix}_chain_tau_gap"] = (metrics[f"{metric_key_prefix}_train_chain_tau"]
+                                                             - metrics[f"{metric_key_prefix}_chain_tau"])
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
@@ -207,7 +223,8 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
                eval_max_new_tokens: int = 64, seed: int = 0, logits_dtype: torch.dtype | None = None,
                sample_slots: bool = False, resume_from_checkpoint: str | bool | None = None,
                feature_noise: float = 0.0, acceptance_weight: float = 0.0, fixed_anchors: bool = False,
-               eval_sequences: list[dict] | None = None, callbacks=None) -> JetSpecTrainer:
+               eval_sequences: list[dict] | None = None, train_sequences: list[dict] | None = None,
+               callbacks=None) -> JetSpecTrainer:
     """Train ``head`` on ``train_dataset`` (SequenceDataset or StoreDataset); returns the finished trainer."""
     trainer = JetSpecTrainer(
         model=head,
@@ -218,6 +235,7 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
         feature_noise=feature_noise,
         acceptance_weight=acceptance_weight,
         eval_sequences=eval_sequences,
+        train_sequences=train_sequences,
         eval_dataset=eval_prompts,
         target=target,
         kd_temperature=kd_temperature,
@@ -272,6 +290,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--early-stopping", type=int, default=None, metavar="PATIENCE",
                    help="stop after PATIENCE evaluations without a better held-out chain tau and keep the best "
                         "checkpoint (evaluates every --eval-steps on the --eval-count held-out sequences)")
+    p.add_argument("--eval-train-count", type=int, default=0,
+                   help="also evaluate the chain tau of this many rows the head trains on (a fixed random draw), "
+                        "logging eval_train_chain_tau and the memorisation gap eval_chain_tau_gap (trained minus "
+                        "held-out) at every evaluation")
     p.add_argument("--eval-decode-count", type=int, default=8,
                    help="of the held-out rows, how many prompts are decoded for eval_tau (decoding is slow)")
     p.add_argument("--draft-vocab", type=int, default=None,
@@ -305,6 +327,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("batch_size", "grad_accum", "head_layers", "taps", "num_anchors", "max_length"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("eval_count", "eval_train_count", "eval_decode_count"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     return args
 
 
@@ -379,6 +404,8 @@ def main(argv=None) -> int:
     if len(dataset) == 0:
         raise ValueError(f"no training rows in {' '.join(map(str, args.data))}: every row is an evaluation or "
                          "held-out row, or has no answer tokens after its prompt (prompt_len = its length)")
+    probe = [r for r in train_rows if str(r["id"]) in dataset.ids()]
+    probe = random.Random(args.seed).sample(probe, min(args.eval_train_count, len(probe)))
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         num_train_epochs=args.epochs,
@@ -389,7 +416,7 @@ def main(argv=None) -> int:
         per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
         logging_steps=args.logging_steps,
-        eval_strategy="steps" if args.eval_count else "no",
+        eval_strategy="steps" if args.eval_count or probe else "no",
         eval_steps=args.eval_steps,
         save_steps=args.eval_steps if args.early_stopping else args.save_steps,  # best-checkpoint tracking
         save_total_limit=2,
@@ -408,7 +435,7 @@ def main(argv=None) -> int:
                          logits_dtype=getattr(torch, args.logits_dtype) if args.logits_dtype else None,
                          sample_slots=args.sample_slots,
                          feature_noise=args.feature_noise, acceptance_weight=args.acceptance_loss,
-                         fixed_anchors=args.fixed_anchors, eval_sequences=eval_rows,
+                         fixed_anchors=args.fixed_anchors, eval_sequences=eval_rows, train_sequences=probe,
                          callbacks=[EarlyStoppingCallback(args.early_stopping)] if args.early_stopping else None,
                          resume_from_checkpoint=True if args.resume_from_checkpoint == "last"
                          else args.resume_from_checkpoint)
@@ -417,7 +444,8 @@ def main(argv=None) -> int:
                                                   head.config.vocab_size)
         head.config.validate_head()
     tau = measure_tau(target, head, eval_prompts, 128) if eval_prompts else None
-    chain = trainer.evaluate()["eval_chain_tau"] if eval_rows else None
+    final = trainer.evaluate() if eval_rows or probe else {}
+    chain, trained = final.get("eval_chain_tau"), final.get("eval_train_chain_tau")
     regularisation = {name: value for name, value in (
         ("feature_noise", args.feature_noise), ("dropout", args.dropout), ("acceptance_loss", args.acceptance_loss),
         ("fixed_anchors", args.fixed_anchors), ("early_stopping_patience", args.early_stopping),
@@ -436,6 +464,7 @@ def main(argv=None) -> int:
         + (" (slots sampled with probability w_k)" if args.sample_slots else ""),
         **({"tau_held_out": round(tau, 3)} if tau is not None else {}),
         **({"chain_tau_held_out": round(chain, 3)} if chain is not None else {}),
+        **({"chain_tau_trained": round(trained, 3)} if trained is not None else {}),
         **({"regularisation": regularisation} if regularisation else {}),
         **({"draft_vocab": f"{len(head.config.draft_vocab)} most frequent response tokens"}
            if args.draft_vocab else {}),
@@ -446,6 +475,6 @@ def main(argv=None) -> int:
     trainer.save_model(args.output_dir)
     (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     (Path(args.output_dir) / "train_summary.json").write_text(json.dumps(head.config.training_summary, indent=2))
-    shown = {"held-out tau": tau, "held-out chain tau": chain}
+    shown = {"held-out tau": tau, "held-out chain tau": chain, "trained chain tau": trained}
     print("; ".join(f"{k} {v:.3f}" for k, v in shown.items() if v is not None) + f"; saved to {args.output_dir}")
     return 0 if tau is None or math.isfinite(tau) else 1
