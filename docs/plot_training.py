@@ -6,6 +6,12 @@
 
 A state file given as ``PATH@N`` is a later run started from step N of the previous one (its steps are shifted by
 N). Each optional ``STEP:LABEL`` draws a dashed line where the recipe changed (e.g. ``3500:"depth decay 4"``).
+
+Several runs trained with ``--eval-train-count``, side by side: chain tau of their trained rows (solid) and of the
+held-out rows (dashed), one colour per run:
+
+    python docs/plot_training.py --gap base=runs/base/log_history.json noise=runs/noise/log_history.json \
+        docs/figures/memorisation.png
 """
 
 from __future__ import annotations
@@ -52,8 +58,30 @@ def plot(state_paths: list[str], out_path: str, marks: list[tuple[int, str]] = (
     fig.savefig(out_path, dpi=110)
 
 
+def plot_gap(runs: dict[str, str], out_path: str,
+             title: str = "Trained vs held-out chain tau (teacher forced)") -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for i, (label, path) in enumerate(runs.items()):
+        history = json.load(open(path))
+        history = history["log_history"] if isinstance(history, dict) else history
+        points = {h["step"]: h for h in reversed(history) if "eval_train_chain_tau" in h}  # first per step
+        steps = sorted(points)
+        color = f"C{i}"
+        ax.plot(steps, [points[s]["eval_train_chain_tau"] for s in steps], "o-", color=color, label=f"{label} trained")
+        ax.plot(steps, [points[s]["eval_chain_tau"] for s in steps], "s--", color=color, label=f"{label} held-out")
+    ax.set_xlabel("step")
+    ax.set_ylabel("chain tau")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args and args[0] == "--gap":
+        plot_gap(dict(a.split("=", 1) for a in args[1:-1]), args[-1])
+        sys.exit(0)
     states = [a for a in args if a.partition("@")[0].endswith(".json")]
     out = next(a for a in args if a.endswith(".png"))
     marks = [(int(step), label) for step, _, label in (m.partition(":") for m in args if ":" in m and m not in states)]

@@ -404,7 +404,8 @@ def main(argv=None) -> int:
     if len(dataset) == 0:
         raise ValueError(f"no training rows in {' '.join(map(str, args.data))}: every row is an evaluation or "
                          "held-out row, or has no answer tokens after its prompt (prompt_len = its length)")
-    probe = [r for r in train_rows if str(r["id"]) in dataset.ids()]
+    trained_ids = dataset.ids()
+    probe = [r for r in train_rows if str(r["id"]) in trained_ids]
     probe = random.Random(args.seed).sample(probe, min(args.eval_train_count, len(probe)))
     training_args = TrainingArguments(
         output_dir=args.output_dir,
