@@ -18,4 +18,4 @@ python -m hf_jetspec.training.data "${model_arg[@]}" --device cuda --dtype bf16 
 accelerate launch -m hf_jetspec.training "${model_arg[@]}" --target-dtype bfloat16 --bf16 \
     --data "$OUT/data.jsonl" --features "$OUT/states" --output-dir "$OUT/head" \
     --head-layers "$LAYERS" --taps "$LAYERS" --block-size 16 --num-anchors 512 --max-length 3072 \
-    --lr 6e-4 --epochs "$EPOCHS" --batch-size 4 --warmup-ratio 0.04 --eval-count 32 --eval-steps 2000
+    --lr 6e-4 --epochs "$EPOCHS" --batch-size 4 --warmup-ratio 0.04 --eval-count 32 --eval-train-count 32 --eval-steps 2000
