@@ -374,6 +374,32 @@ def test_train_command_logs_the_memorisation_gap(model_dir, tmp_path, capsys):
     assert main([*args, "--eval-train-count", "-1"]) == 2
     assert "--eval-train-count must be >= 0" in capsys.readouterr().err
 
+    # --eval-reference: a head that saw neither set (here tapping other layers) measures what composition alone makes
+    torch.manual_seed(1)
+    reference = JetSpecHead.for_target(target, num_hidden_layers=1, block_size=4, num_taps=1)
+    assert reference.config.target_layer_ids != head.config.target_layer_ids
+    reference.save_pretrained(tmp_path / "reference")
+    assert main([*args, "--eval-reference", str(tmp_path / "reference")]) == 0
+    _, held = split_rows([rows], 2, 0)
+    expected = depth_accuracy(reference, target, trained, 4)["chain_tau"] - depth_accuracy(
+        reference, target, held, 4)["chain_tau"]
+    history = json.loads((out_dir / "log_history.json").read_text())
+    evals = [h for h in history if "eval_memorisation" in h]
+    assert len(evals) >= 2
+    for h in evals:
+        assert h["eval_reference_gap"] == pytest.approx(expected, abs=1e-4)
+        assert h["eval_memorisation"] == pytest.approx(h["eval_chain_tau_gap"] - expected, abs=1e-4)
+    summary = JetSpecHead.from_pretrained(out_dir).config.training_summary
+    assert summary["memorisation"]["gap_minus_reference_gap"] == pytest.approx(evals[-1]["eval_memorisation"],
+                                                                                abs=1e-3)
+    assert "gap over the reference head's" in capsys.readouterr().out
+    reference.config.target_num_layers += 1  # a head made for another target: one clear line, no traceback
+    reference.save_pretrained(tmp_path / "reference")
+    assert main([*args, "--eval-reference", str(tmp_path / "reference")]) == 2
+    assert "layers != head's" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert main([*args, "--eval-train-count", "0", "--eval-reference", str(tmp_path / "reference")]) == 2
+    assert "give --eval-count and --eval-train-count" in capsys.readouterr().err
+
 
 def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path, capsys):
     """Feature noise, dropout, the acceptance loss, fixed anchors and prompt capping train and are recorded; early

@@ -112,10 +112,12 @@ class JetSpecTrainer(Trainer):
                  eval_max_new_tokens: int = 64, logits_dtype: torch.dtype | None = None,
                  sample_slots: bool = False, feature_noise: float = 0.0, acceptance_weight: float = 0.0,
                  eval_sequences: list[dict] | None = None, train_sequences: list[dict] | None = None,
-                 eval_anchor_stride: int = 4, **kwargs) -> None:
+                 eval_anchor_stride: int = 4, reference_head: JetSpecHead | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.eval_anchor_stride = eval_anchor_stride
         self.train_sequences = train_sequences or []
+        self.reference_head = reference_head.eval().requires_grad_(False) if reference_head is not None else None
+        self.reference_gap: float | None = None
         self.feature_noise = feature_noise
         self.acceptance_weight = acceptance_weight
         self.eval_sequences = eval_sequences or []
@@ -158,7 +160,10 @@ class JetSpecTrainer(Trainer):
         sequences, their teacher-forced chain tau (``eval_chain_tau``: `diagnose.depth_accuracy` with an anchor at
         every ``eval_anchor_stride``-th position, the target's states computed once; deterministic and cheap, what
         early stopping watches). Given ``train_sequences`` (rows it trains on), also their chain tau
-        (``eval_train_chain_tau``) and the memorisation gap, trained minus held-out (``eval_chain_tau_gap``)."""
+        (``eval_train_chain_tau``) and the gap, trained minus held-out (``eval_chain_tau_gap``). Two 64-row samples
+        differ by ~0.3 chain tau from their composition alone, so given a ``reference_head`` that saw neither set,
+        its gap on the same rows is measured once (``eval_reference_gap``) and the head's excess over it is logged
+        as ``eval_memorisation``."""
         from .diagnose import depth_accuracy, with_target_states
 
         head = self.model.module if hasattr(self.model, "module") else self.model
@@ -181,9 +186,30 @@ class JetSpecTrainer(Trainer):
         if f"{metric_key_prefix}_chain_tau" in metrics and f"{metric_key_prefix}_train_chain_tau" in metrics:
             metrics[f"{metric_key_prefix}_chain_tau_gap"] = (metrics[f"{metric_key_prefix}_train_chain_tau"]
                                                              - metrics[f"{metric_key_prefix}_chain_tau"])
+            if self.reference_head is not None:
+                if self.reference_gap is None:
+                    self.reference_gap = self._reference_gap()
+                metrics[f"{metric_key_prefix}_reference_gap"] = self.reference_gap
+                metrics[f"{metric_key_prefix}_memorisation"] = (metrics[f"{metric_key_prefix}_chain_tau_gap"]
+                                                                - self.reference_gap)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+    def _reference_gap(self) -> float:
+        """Chain tau of the reference head on the trained rows minus on the held-out rows (the target's states
+        are reused where the reference taps the same layers)."""
+        from .diagnose import depth_accuracy
+
+        reference = self.reference_head.to(next(self.target.parameters()).device)
+        head = self.model.module if hasattr(self.model, "module") else self.model
+        same_taps = reference.config.target_layer_ids == head.config.target_layer_ids
+        taus = []
+        for sequences in (self.train_sequences, self.eval_sequences):
+            if not same_taps:
+                sequences = [{k: v for k, v in row.items() if k not in ("features", "final")} for row in sequences]
+            taus.append(depth_accuracy(reference, self.target, sequences, self.eval_anchor_stride)["chain_tau"])
+        return taus[0] - taus[1]
 
     def prediction_step(self, *args, **kwargs):
         raise NotImplementedError("JetSpec heads are evaluated by decoding (evaluate()), not by prediction.")
@@ -224,7 +250,7 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
                sample_slots: bool = False, resume_from_checkpoint: str | bool | None = None,
                feature_noise: float = 0.0, acceptance_weight: float = 0.0, fixed_anchors: bool = False,
                eval_sequences: list[dict] | None = None, train_sequences: list[dict] | None = None,
-               callbacks=None) -> JetSpecTrainer:
+               reference_head: JetSpecHead | None = None, callbacks=None) -> JetSpecTrainer:
     """Train ``head`` on ``train_dataset`` (SequenceDataset or StoreDataset); returns the finished trainer."""
     trainer = JetSpecTrainer(
         model=head,
@@ -236,6 +262,7 @@ def train_head(target, head: JetSpecHead, train_dataset, args: TrainingArguments
         acceptance_weight=acceptance_weight,
         eval_sequences=eval_sequences,
         train_sequences=train_sequences,
+        reference_head=reference_head,
         eval_dataset=eval_prompts,
         target=target,
         kd_temperature=kd_temperature,
@@ -294,6 +321,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="also evaluate the chain tau of this many rows the head trains on (a fixed random draw), "
                         "logging eval_train_chain_tau and the memorisation gap eval_chain_tau_gap (trained minus "
                         "held-out) at every evaluation")
+    p.add_argument("--eval-reference", default=None, metavar="HEAD",
+                   help="a head that saw neither the held-out nor the --eval-train-count rows (e.g. the shipped "
+                        "one): its gap on the same rows, eval_reference_gap, is what row composition alone makes; "
+                        "the trained head's excess over it is logged as eval_memorisation")
     p.add_argument("--eval-decode-count", type=int, default=8,
                    help="of the held-out rows, how many prompts are decoded for eval_tau (decoding is slow)")
     p.add_argument("--draft-vocab", type=int, default=None,
@@ -330,6 +361,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("eval_count", "eval_train_count", "eval_decode_count"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.eval_reference and not (args.eval_count and args.eval_train_count):
+        p.error("--eval-reference compares the gap between held-out and trained rows: give --eval-count and "
+                "--eval-train-count too")
     return args
 
 
@@ -385,6 +419,10 @@ def main(argv=None) -> int:
         head = JetSpecHead.for_target(target, num_hidden_layers=args.head_layers, block_size=args.block_size, **taps)
         if args.init_from_target:
             copied = init_from_target(head, target)
+    reference = None
+    if args.eval_reference:
+        reference = JetSpecHead.from_pretrained(args.eval_reference)
+        reference.check_target(target)
     if args.dropout is not None:
         head.config.dropout = args.dropout
         head.config.validate_head()
@@ -437,6 +475,7 @@ def main(argv=None) -> int:
                          sample_slots=args.sample_slots,
                          feature_noise=args.feature_noise, acceptance_weight=args.acceptance_loss,
                          fixed_anchors=args.fixed_anchors, eval_sequences=eval_rows, train_sequences=probe,
+                         reference_head=reference,
                          callbacks=[EarlyStoppingCallback(args.early_stopping)] if args.early_stopping else None,
                          resume_from_checkpoint=True if args.resume_from_checkpoint == "last"
                          else args.resume_from_checkpoint)
@@ -447,6 +486,7 @@ def main(argv=None) -> int:
     tau = measure_tau(target, head, eval_prompts, 128) if eval_prompts else None
     final = trainer.evaluate() if eval_rows or probe else {}
     chain, trained = final.get("eval_chain_tau"), final.get("eval_train_chain_tau")
+    excess = final.get("eval_memorisation")
     regularisation = {name: value for name, value in (
         ("feature_noise", args.feature_noise), ("dropout", args.dropout), ("acceptance_loss", args.acceptance_loss),
         ("fixed_anchors", args.fixed_anchors), ("early_stopping_patience", args.early_stopping),
@@ -466,6 +506,8 @@ def main(argv=None) -> int:
         **({"tau_held_out": round(tau, 3)} if tau is not None else {}),
         **({"chain_tau_held_out": round(chain, 3)} if chain is not None else {}),
         **({"chain_tau_trained": round(trained, 3)} if trained is not None else {}),
+        **({"memorisation": {"gap_minus_reference_gap": round(excess, 3),
+                             "reference_head": str(args.eval_reference)}} if excess is not None else {}),
         **({"regularisation": regularisation} if regularisation else {}),
         **({"draft_vocab": f"{len(head.config.draft_vocab)} most frequent response tokens"}
            if args.draft_vocab else {}),
@@ -476,6 +518,7 @@ def main(argv=None) -> int:
     trainer.save_model(args.output_dir)
     (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     (Path(args.output_dir) / "train_summary.json").write_text(json.dumps(head.config.training_summary, indent=2))
-    shown = {"held-out tau": tau, "held-out chain tau": chain, "trained chain tau": trained}
+    shown = {"held-out tau": tau, "held-out chain tau": chain, "trained chain tau": trained,
+             "gap over the reference head's": excess}
     print("; ".join(f"{k} {v:.3f}" for k, v in shown.items() if v is not None) + f"; saved to {args.output_dir}")
     return 0 if tau is None or math.isfinite(tau) else 1

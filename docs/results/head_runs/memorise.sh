@@ -2,7 +2,8 @@
 # The memorising regime at small scale (issue 21's regularisation question): fresh 3-layer heads of the shipped
 # shape and loss, 800 steps of batch 4 at lr 6e-4 cosine, on 256 ShareGPT later turns (12.5 epochs) or on those plus
 # 768 more (1,024 rows, 3.1 epochs); every 100 steps the teacher-forced chain tau of the 64 held-out rows and of 64
-# trained rows (--eval-train-count), so log_history.json is the gap curve. One option changed per run.
+# trained rows (--eval-train-count), so log_history.json is the gap curve, and the shipped head's gap on the same rows
+# (--eval-reference: it saw neither set), what the rows' composition alone makes. One option changed per run.
 set -e
 cd "$(dirname "$0")/../../.."
 py=.venv/bin/python
@@ -22,7 +23,7 @@ fi
 common="--max-prompt-tokens 256 --target-dtype bfloat16 --bf16 --logits-dtype bfloat16 --head-layers 3
   --block-size 16 --depth-decay 4 --sample-slots --num-anchors 24 --lr 6e-4 --warmup-ratio 0.02 --max-steps 800
   --batch-size 4 --eval-count 64 --eval-train-count 64 --eval-decode-count 0 --eval-steps 100 --save-steps 100000
-  --logging-steps 50 --seed 0"
+  --logging-steps 50 --seed 0 --eval-reference src/hf_jetspec/assets/heads/smollm2-135m-instruct"
 if [ ! -f $w/feat-more/done ]; then
   $py -m hf_jetspec.training.features --data $w/more.jsonl --out $w/feat-more --layers 1 14 27 --eval-count 0 \
     --max-prompt-tokens 256 --target-dtype bfloat16
