@@ -104,6 +104,18 @@ class AnchorCollator:
         return batch
 
 
+MIN_REFERENCE_SKILL = 0.02  # chain tau above 1 a reference head needs on the held-out rows to scale by
+
+
+def memorisation(held: float, trained: float, reference_held: float, reference_trained: float) -> float:
+    """How much more a head accepts on rows it trained on than their composition explains: its trained chain tau
+    minus ``1 + (held - 1) * (reference_trained - 1) / (reference_held - 1)``, the held-out skill scaled by how much
+    easier the reference head (which saw neither set) finds the trained rows. Two 64-row samples of one source
+    differ by up to ~0.3 chain tau from composition alone; the scaling, not a difference of gaps, keeps a weak head
+    (chain tau near 1 everywhere) from reading as negative memorisation."""
+    return trained - (1.0 + (held - 1.0) * (reference_trained - 1.0) / (reference_held - 1.0))
+
+
 class JetSpecTrainer(Trainer):
     """``Trainer`` whose model is the head; ``target`` (frozen) provides features, embeddings, LM head, teacher.
     Its ``eval_dataset`` is a list of held-out prompts (token id lists), evaluated by decoding."""
@@ -116,8 +128,7 @@ class JetSpecTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.eval_anchor_stride = eval_anchor_stride
         self.train_sequences = train_sequences or []
-        self.reference_head = reference_head.eval().requires_grad_(False) if reference_head is not None else None
-        self.reference_gap: float | None = None
+        self.reference_taus = None
         self.feature_noise = feature_noise
         self.acceptance_weight = acceptance_weight
         self.eval_sequences = eval_sequences or []
@@ -129,6 +140,8 @@ class JetSpecTrainer(Trainer):
         self.kd_temperature = kd_temperature
         self.depth_decay = depth_decay
         self.eval_max_new_tokens = eval_max_new_tokens
+        if reference_head is not None:  # before training: a reference that cannot measure fails at once
+            self.reference_taus = self._reference_taus(reference_head.eval().requires_grad_(False))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         head = model.module if hasattr(model, "module") else model
@@ -160,11 +173,9 @@ class JetSpecTrainer(Trainer):
         sequences, their teacher-forced chain tau (``eval_chain_tau``: `diagnose.depth_accuracy` with an anchor at
         every ``eval_anchor_stride``-th position, the target's states computed once; deterministic and cheap, what
         early stopping watches). Given ``train_sequences`` (rows it trains on), also their chain tau
-        (``eval_train_chain_tau``) and the gap, trained minus held-out (``eval_chain_tau_gap``). Two 64-row samples
-        differ by ~0.3 chain tau from their composition alone, so given a ``reference_head`` that saw neither set,
-        its gap on the same rows is measured once (``eval_reference_gap``) and the head's excess over it is logged
-        as ``eval_memorisation``."""
-        from .diagnose import depth_accuracy, with_target_states
+        (``eval_train_chain_tau``) and the gap, trained minus held-out (``eval_chain_tau_gap``); with a
+        ``reference_head``, ``eval_memorisation`` (see `memorisation`)."""
+        from .diagnose import depth_accuracy
 
         head = self.model.module if hasattr(self.model, "module") else self.model
         prompts = eval_dataset if eval_dataset is not None else self.eval_dataset
@@ -174,42 +185,51 @@ class JetSpecTrainer(Trainer):
         was_training = head.training
         head.eval()
         for name, attr in (("chain_tau", "eval_sequences"), ("train_chain_tau", "train_sequences")):
-            sequences = getattr(self, attr)
-            if not sequences:
-                continue
-            if "features" not in sequences[0]:  # the target's states: computed once, kept
-                sequences = with_target_states(self.target, sequences, head.config.target_layer_ids)
-                setattr(self, attr, sequences)
-            metrics[f"{metric_key_prefix}_{name}"] = depth_accuracy(
-                head, self.target, sequences, self.eval_anchor_stride)["chain_tau"]
+            if getattr(self, attr):
+                metrics[f"{metric_key_prefix}_{name}"] = depth_accuracy(
+                    head, self.target, self._with_states(attr), self.eval_anchor_stride)["chain_tau"]
         head.train(was_training)
-        if f"{metric_key_prefix}_chain_tau" in metrics and f"{metric_key_prefix}_train_chain_tau" in metrics:
-            metrics[f"{metric_key_prefix}_chain_tau_gap"] = (metrics[f"{metric_key_prefix}_train_chain_tau"]
-                                                             - metrics[f"{metric_key_prefix}_chain_tau"])
-            if self.reference_head is not None:
-                if self.reference_gap is None:
-                    self.reference_gap = self._reference_gap()
-                metrics[f"{metric_key_prefix}_reference_gap"] = self.reference_gap
-                metrics[f"{metric_key_prefix}_memorisation"] = (metrics[f"{metric_key_prefix}_chain_tau_gap"]
-                                                                - self.reference_gap)
+        held = metrics.get(f"{metric_key_prefix}_chain_tau")
+        trained = metrics.get(f"{metric_key_prefix}_train_chain_tau")
+        if held is not None and trained is not None:
+            metrics[f"{metric_key_prefix}_chain_tau_gap"] = trained - held
+            if self.reference_taus is not None:
+                metrics[f"{metric_key_prefix}_reference_chain_tau"] = self.reference_taus[0]
+                metrics[f"{metric_key_prefix}_reference_train_chain_tau"] = self.reference_taus[1]
+                metrics[f"{metric_key_prefix}_memorisation"] = memorisation(held, trained, *self.reference_taus)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-    def _reference_gap(self) -> float:
-        """Chain tau of the reference head on the trained rows minus on the held-out rows (the target's states
-        are reused where the reference taps the same layers)."""
+    def _with_states(self, attr: str) -> list[dict]:
+        """The ``attr`` sequences with the target's states for the head's taps (computed once, kept)."""
+        from .diagnose import with_target_states
+
+        sequences = getattr(self, attr)
+        if sequences and "features" not in sequences[0]:
+            head = self.model.module if hasattr(self.model, "module") else self.model
+            sequences = with_target_states(self.target, sequences, head.config.target_layer_ids)
+            setattr(self, attr, sequences)
+        return sequences
+
+    def _reference_taus(self, reference: JetSpecHead) -> tuple[float, float]:
+        """(held-out, trained) chain tau of ``reference`` (the target's states reused where it taps the same
+        layers as the head)."""
         from .diagnose import depth_accuracy
 
-        reference = self.reference_head.to(next(self.target.parameters()).device)
+        self.target.to(self.args.device)  # before training the target may still be on the CPU
+        reference = reference.to(self.args.device)
         head = self.model.module if hasattr(self.model, "module") else self.model
-        same_taps = reference.config.target_layer_ids == head.config.target_layer_ids
         taus = []
-        for sequences in (self.train_sequences, self.eval_sequences):
-            if not same_taps:
+        for attr in ("eval_sequences", "train_sequences"):
+            sequences = self._with_states(attr)
+            if reference.config.target_layer_ids != head.config.target_layer_ids:
                 sequences = [{k: v for k, v in row.items() if k not in ("features", "final")} for row in sequences]
             taus.append(depth_accuracy(reference, self.target, sequences, self.eval_anchor_stride)["chain_tau"])
-        return taus[0] - taus[1]
+        if taus[0] - 1.0 < MIN_REFERENCE_SKILL:
+            raise ValueError(f"the reference head's chain tau on the held-out rows is {taus[0]:.3f}: it accepts "
+                             "too little to measure the rows' composition; give a trained head")
+        return taus[0], taus[1]
 
     def prediction_step(self, *args, **kwargs):
         raise NotImplementedError("JetSpec heads are evaluated by decoding (evaluate()), not by prediction.")
@@ -323,8 +343,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "held-out) at every evaluation")
     p.add_argument("--eval-reference", default=None, metavar="HEAD",
                    help="a head that saw neither the held-out nor the --eval-train-count rows (e.g. the shipped "
-                        "one): its gap on the same rows, eval_reference_gap, is what row composition alone makes; "
-                        "the trained head's excess over it is logged as eval_memorisation")
+                        "one): its chain tau on the same held-out and trained rows says how much easier the trained "
+                        "rows are; the trained head's excess over that is logged as eval_memorisation")
     p.add_argument("--eval-decode-count", type=int, default=8,
                    help="of the held-out rows, how many prompts are decoded for eval_tau (decoding is slow)")
     p.add_argument("--draft-vocab", type=int, default=None,
@@ -506,8 +526,11 @@ def main(argv=None) -> int:
         **({"tau_held_out": round(tau, 3)} if tau is not None else {}),
         **({"chain_tau_held_out": round(chain, 3)} if chain is not None else {}),
         **({"chain_tau_trained": round(trained, 3)} if trained is not None else {}),
-        **({"memorisation": {"gap_minus_reference_gap": round(excess, 3),
-                             "reference_head": str(args.eval_reference)}} if excess is not None else {}),
+        **({"memorisation": {"trained_minus_composition": round(excess, 3),
+                             "reference_head": str(args.eval_reference),
+                             "reference_chain_tau": {"held_out": round(final["eval_reference_chain_tau"], 3),
+                                                     "trained": round(final["eval_reference_train_chain_tau"], 3)}}}
+           if excess is not None else {}),
         **({"regularisation": regularisation} if regularisation else {}),
         **({"draft_vocab": f"{len(head.config.draft_vocab)} most frequent response tokens"}
            if args.draft_vocab else {}),
@@ -519,6 +542,6 @@ def main(argv=None) -> int:
     (Path(args.output_dir) / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     (Path(args.output_dir) / "train_summary.json").write_text(json.dumps(head.config.training_summary, indent=2))
     shown = {"held-out tau": tau, "held-out chain tau": chain, "trained chain tau": trained,
-             "gap over the reference head's": excess}
+             "memorisation (trained chain tau above what the rows' composition explains)": excess}
     print("; ".join(f"{k} {v:.3f}" for k, v in shown.items() if v is not None) + f"; saved to {args.output_dir}")
     return 0 if tau is None or math.isfinite(tau) else 1
