@@ -8,9 +8,11 @@ A state file given as ``PATH@N`` is a later run started from step N of the previ
 N). Each optional ``STEP:LABEL`` draws a dashed line where the recipe changed (e.g. ``3500:"depth decay 4"``).
 
 Several runs trained with ``--eval-train-count``, side by side: chain tau of their trained rows (solid) and of the
-held-out rows (dashed), one colour per run:
+held-out rows (dashed), one colour per run, and next to it their memorisation (``eval_memorisation``, logged with
+``--eval-reference``; for a run logged without it, give the reference head's held-out and trained chain tau on the
+same rows as ``LABEL=PATH@HELD,TRAINED``):
 
-    python docs/plot_training.py --gap base=runs/base/log_history.json noise=runs/noise/log_history.json \
+    python docs/plot_training.py --gap base=runs/base/log_history.json noise=runs/noise/log_history.json@1.64,1.95 \
         docs/figures/memorisation.png
 """
 
@@ -60,8 +62,11 @@ def plot(state_paths: list[str], out_path: str, marks: list[tuple[int, str]] = (
 
 def plot_gap(runs: dict[str, str], out_path: str,
              title: str = "Trained vs held-out chain tau (teacher forced)") -> None:
-    fig, ax = plt.subplots(figsize=(7, 3.8))
-    for i, (label, path) in enumerate(runs.items()):
+    from hf_jetspec.training.trainer import memorisation
+
+    fig, (ax, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, (label, spec) in enumerate(runs.items()):
+        path, _, given = spec.partition("@")
         history = json.load(open(path))
         history = history["log_history"] if isinstance(history, dict) else history
         points = {h["step"]: h for h in reversed(history) if "eval_train_chain_tau" in h}  # first per step
@@ -69,10 +74,21 @@ def plot_gap(runs: dict[str, str], out_path: str,
         color = f"C{i}"
         ax.plot(steps, [points[s]["eval_train_chain_tau"] for s in steps], "o-", color=color, label=f"{label} trained")
         ax.plot(steps, [points[s]["eval_chain_tau"] for s in steps], "s--", color=color, label=f"{label} held-out")
+        reference = tuple(map(float, given.split(","))) if given else None
+        excess = [points[s].get("eval_memorisation") if reference is None else
+                  memorisation(points[s]["eval_chain_tau"], points[s]["eval_train_chain_tau"], *reference)
+                  for s in steps]
+        if all(e is not None for e in excess):
+            right.plot(steps, excess, "o-", color=color, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("chain tau")
     ax.legend(fontsize=7, ncol=2)
     ax.set_title(title)
+    right.axhline(0, color="grey", lw=0.8)
+    right.set_xlabel("step")
+    right.set_ylabel("trained chain tau above composition")
+    right.set_title("Memorisation (against a reference head)")
+    right.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)
 
