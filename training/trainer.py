@@ -339,8 +339,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "checkpoint (evaluates every --eval-steps on the --eval-count held-out sequences)")
     p.add_argument("--eval-train-count", type=int, default=0,
                    help="also evaluate the chain tau of this many rows the head trains on (a fixed random draw), "
-                        "logging eval_train_chain_tau and the memorisation gap eval_chain_tau_gap (trained minus "
-                        "held-out) at every evaluation")
+                        "logging eval_train_chain_tau and the gap eval_chain_tau_gap (trained minus held-out) at "
+                        "every evaluation; the rows' composition alone makes a gap: read it with --eval-reference")
     p.add_argument("--eval-reference", default=None, metavar="HEAD",
                    help="a head that saw neither the held-out nor the --eval-train-count rows (e.g. the shipped "
                         "one): its chain tau on the same held-out and trained rows says how much easier the trained "
