@@ -177,7 +177,7 @@ class JetSpecTrainer(Trainer):
         ``reference_head``, ``eval_memorisation`` (see `memorisation`)."""
         from .diagnose import depth_accuracy
 
-        head = self.model.module if hasattr(self.model, "module") else self.model
+        head = self.head
         prompts = eval_dataset if eval_dataset is not None else self.eval_dataset
         metrics = {}
         if prompts:
@@ -201,14 +201,18 @@ class JetSpecTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
+    @property
+    def head(self) -> JetSpecHead:
+        """The head being trained (unwrapped from a distributed wrapper)."""
+        return self.model.module if hasattr(self.model, "module") else self.model
+
     def _with_states(self, attr: str) -> list[dict]:
         """The ``attr`` sequences with the target's states for the head's taps (computed once, kept)."""
         from .diagnose import with_target_states
 
         sequences = getattr(self, attr)
         if sequences and "features" not in sequences[0]:
-            head = self.model.module if hasattr(self.model, "module") else self.model
-            sequences = with_target_states(self.target, sequences, head.config.target_layer_ids)
+            sequences = with_target_states(self.target, sequences, self.head.config.target_layer_ids)
             setattr(self, attr, sequences)
         return sequences
 
@@ -219,11 +223,10 @@ class JetSpecTrainer(Trainer):
 
         self.target.to(self.args.device)  # before training the target may still be on the CPU
         reference = reference.to(self.args.device)
-        head = self.model.module if hasattr(self.model, "module") else self.model
         taus = []
         for attr in ("eval_sequences", "train_sequences"):
             sequences = self._with_states(attr)
-            if reference.config.target_layer_ids != head.config.target_layer_ids:
+            if reference.config.target_layer_ids != self.head.config.target_layer_ids:
                 sequences = [{k: v for k, v in row.items() if k not in ("features", "final")} for row in sequences]
             taus.append(depth_accuracy(reference, self.target, sequences, self.eval_anchor_stride)["chain_tau"])
         if taus[0] - 1.0 < MIN_REFERENCE_SKILL:
