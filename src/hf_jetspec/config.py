@@ -119,14 +119,11 @@ class JetSpecConfig(PretrainedConfig):
     def __post_init__(self, **kwargs: Any) -> None:
         if self.target_layer_ids is None and _is_int(self.target_num_layers):
             self.target_layer_ids = default_target_layer_ids(self.target_num_layers, 1)
-        type_problems = self.type_problems()
-        if type_problems:
-            raise ValueError("Invalid JetSpecConfig: " + "; ".join(type_problems))
+        self.validate_head()  # types first: the normalisation below would turn "01" into [0, 1]
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         if self.draft_vocab is not None:
             self.draft_vocab = sorted(int(i) for i in self.draft_vocab)
         super().__post_init__(**kwargs)
-        self.validate_head()
 
     def type_problems(self) -> list[str]:
         """The fields whose JSON type is wrong (a string, float or bool where a count is expected, ...)."""
