@@ -4,6 +4,7 @@
 # 768 more (1,024 rows, 3.1 epochs); every 100 steps the teacher-forced chain tau of the 64 held-out rows and of 64
 # trained rows (--eval-train-count), so log_history.json is the gap curve, and the shipped head's gap on the same rows
 # (--eval-reference: it saw neither set), what the rows' composition alone makes. One option changed per run.
+# Usage: bash memorise.sh [RUN ...]   (no names: every run whose head is missing)
 set -e
 cd "$(dirname "$0")/../../.."
 py=.venv/bin/python
@@ -29,7 +30,9 @@ if [ ! -f $w/feat-more/done ]; then
     --max-prompt-tokens 256 --target-dtype bfloat16
   touch $w/feat-more/done
 fi
+ONLY="$*"
 run() { name=$1; shift; [ -f $w/$name/model.safetensors ] && return
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   echo "== $name $(date +%T)"
   .venv/bin/hf-jetspec train $common --output-dir $w/$name "$@" > $w/$name.log 2>&1
   echo "== $name done $(date +%T): $(tail -1 $w/$name.log)"; }
@@ -37,3 +40,9 @@ run base --data $w/small.jsonl --features $w/feat-small  # the first run builds 
 run noise --data $w/small.jsonl --features $w/feat-small --feature-noise 0.1
 run dropout --data $w/small.jsonl --features $w/feat-small --dropout 0.1
 run rows1024 --data $w/small.jsonl $w/more.jsonl --features $w/feat-small $w/feat-more
+# the rest of the issue's list in the same regime: anchors drawn once (not afresh each of the 12.7 epochs), an
+# acceptance-targeted loss next to the KL, and 1 or 2 head layers instead of 3
+run fixed --data $w/small.jsonl --features $w/feat-small --fixed-anchors
+run layers1 --data $w/small.jsonl --features $w/feat-small --head-layers 1
+run accept --data $w/small.jsonl --features $w/feat-small --acceptance-loss 1.0
+run layers2 --data $w/small.jsonl --features $w/feat-small --head-layers 2
