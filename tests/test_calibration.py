@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hf_jetspec.calibration import (RETRIEVAL_FEATURES, Calibration, CostCurve, fit, head_features,
-                                    measure_cost_curve, measure_node_cost, resolve_node_cost,
-                                    retrieval_features, worth_adding)
+                                    may_still_pay, measure_cost_curve, measure_node_cost, resolve_node_cost,
+                                    retrieval_features, verify_cost)
 from hf_jetspec.tree import merged_tree
 
 
@@ -76,11 +76,14 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
 
 
 def test_node_cost_rule_and_resolution():
-    assert worth_adding(0.5, 2.0, 8, 0.0) and not worth_adding(0.01, 3.0, 8, 0.1)
-    # adding g exactly at the threshold leaves tokens per cost unchanged
+    assert may_still_pay(0.5, 2.0, 8, 0.0, 32) and not may_still_pay(0.01, 3.0 / 1.8, 8, 0.1, 32)
+    assert not may_still_pay(1.0, 0.5, 8, 0.0, 8)  # the budget is full
+    # with a number kappa the rule is the marginal one: adding g exactly at the threshold leaves E / C unchanged
     e, n, k = 2.5, 10, 0.05
     g = k * e / (1 + k * n)
-    assert (e + g) / (1 + k * (n + 1)) == pytest.approx(e / (1 + k * n))
+    assert (e + g) / verify_cost(k, n + 1) == pytest.approx(e / verify_cost(k, n))
+    assert may_still_pay(g * 1.001, e / verify_cost(k, n), n, k, 32)
+    assert not may_still_pay(g * 0.999, e / verify_cost(k, n), n, k, 32)
     assert resolve_node_cost(None, Calibration(), None) is None
     assert resolve_node_cost(0.2, Calibration(), None) == 0.2
     assert resolve_node_cost("auto", Calibration(node_cost=0.03), None) == 0.03
@@ -93,11 +96,10 @@ def test_cost_curve_interpolates_and_decides_like_the_ratio_rule():
     assert curve.cost == (1.0, 1.0, 1.0, 2.0)
     assert curve(1) == 1.0 and curve(3) == 1.0 and curve(6) == pytest.approx(1.5) and curve(16) == pytest.approx(4.0)
     for nodes, expected in ((1, 1.0), (3, 1.4), (5, 2.2), (7, 2.9)):
+        # the next size's marginal price bounds the cheapest average price of the sizes beyond
         threshold = expected * (curve(nodes + 1) - curve(nodes)) / curve(nodes)
-        for gain in (threshold - 1e-3, threshold + 1e-3):
-            better = (expected + gain) / curve(nodes + 1) > expected / curve(nodes)
-            assert worth_adding(gain, expected, nodes, curve) == better
-    assert worth_adding(1e-6, 3.0, 3, curve)  # free nodes (flat curve) are always worth adding
+        assert not may_still_pay(threshold, expected / curve(nodes), nodes, curve, 16)
+    assert may_still_pay(1e-6, 3.0, 3, curve, 16)  # free nodes (flat curve) are always worth adding
     for bad in (((2, 4), (1.0, 1.0)), ((1, 1), (1.0, 1.0)), ((1, 2), (1.0,))):
         with pytest.raises(ValueError, match="cost curve"):
             CostCurve(*bad)
@@ -129,7 +131,7 @@ def test_a_stalled_timing_cannot_inflate_the_measured_cost(monkeypatch):
     model = torch.nn.Linear(1, 1)
     curve = measure_cost_curve(model, 8)
     assert curve.tokens == tuple(range(1, 9)) and curve.cost == pytest.approx([1.0 + 0.1 * n for n in range(8)])
-    assert worth_adding(0.9, 1.0, 1, curve)  # a likely node pays for itself
+    assert may_still_pay(0.9, 1.0, 1, curve, 8)  # a likely node pays for itself
     calls.clear()
     assert measure_node_cost(model, nodes=8) == pytest.approx(0.1)
 
@@ -144,8 +146,8 @@ def test_a_size_dearer_than_the_next_is_filled_up(monkeypatch):
     calibration._MEASURED.clear()
     curve = measure_cost_curve(torch.nn.Linear(1, 1), 8)
     assert curve(3) == curve(4) == pytest.approx(1.05) and curve(7) == curve(8) == pytest.approx(1.3)
-    assert worth_adding(0.01, 2.0, 3, curve) and worth_adding(0.01, 3.0, 7, curve)
-    assert not worth_adding(0.01, 2.0, 4, curve)
+    assert may_still_pay(0.01, 2.0 / curve(3), 3, curve, 8) and may_still_pay(0.01, 3.0 / curve(7), 7, curve, 8)
+    assert not may_still_pay(0.01, 2.0 / curve(4), 4, curve, 8)
 
 
 def test_merged_tree_fills_free_nodes_and_stops_where_they_cost():
@@ -156,6 +158,47 @@ def test_merged_tree_fills_free_nodes_and_stops_where_they_cost():
     full, _ = merged_tree(3, probs, None, Calibration(), budget=12, width=4, node_cost=flat)
     small, _ = merged_tree(3, probs, None, Calibration(), budget=12, width=4, node_cost=steep)
     assert len(full) == 12 and 1 <= len(small) < len(full)
+
+
+def _prefix_ratios(tree, node_cost) -> list[float]:
+    """E(N) / C(N) of every prefix of a best-first tree (node gains: its path probabilities)."""
+    gains = [math.exp(v) for v in tree.scores.double().tolist()]
+    return [sum(gains[:n]) / verify_cost(node_cost, n) for n in range(1, len(gains) + 1)]
+
+
+def test_a_step_in_the_curve_is_crossed_when_the_nodes_beyond_pay_together():
+    """Forwards of 1-4 tokens cost the same, of 5-8 half as much again. A chain drafted at 0.9 per depth: the 5th
+    node (gain 0.59) alone does not pay for the step (E(4) / C(4) = 3.44 > E(5) / C(5) = 2.69), the four beyond
+    it together do (E(8) / C(8) = 3.64); a stop at the first node that does not pay kept 4. With a step of 2x they
+    do not (2.73), and the tree keeps 4."""
+    probs = torch.zeros((7, 16))
+    probs[:, 5] = 0.9
+    for step, size in ((1.5, 8), (2.0, 4)):
+        curve = CostCurve(tuple(range(1, 9)), (1.0,) * 4 + (step,) * 4)
+        tree, records = merged_tree(3, probs, None, Calibration(), budget=8, width=1, node_cost=curve)
+        assert len(tree) == len(records) == size and tree.tokens.tolist() == [3] + [5] * (size - 1)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_merged_tree_takes_the_best_prefix_of_the_full_tree(seed):
+    """Random head distributions and random monotone curves (flats, small and large steps) or numbers: the adaptive
+    tree is the prefix of the budget-filled best-first tree with the largest E(N) / C(N)."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    depth, budget, width = rng.randint(1, 6), rng.choice([2, 4, 9, 16, 33]), rng.randint(1, 8)
+    probs = torch.softmax(torch.randn((depth, 24), generator=gen) * rng.uniform(0.5, 4.0), dim=-1)
+    sizes = tuple(range(1, 17)) + (32, 64)
+    steps = [rng.choice([0.0, 0.0, 0.02, 0.3, 1.0]) * rng.random() for _ in sizes[1:]]
+    curve = CostCurve(sizes, tuple(1.0 + sum(steps[:i]) for i in range(len(sizes))))
+    full, _ = merged_tree(5, probs, None, Calibration(), budget, width=width)
+    for node_cost in (curve, rng.uniform(0.001, 0.5)):
+        tree, records = merged_tree(5, probs, None, Calibration(), budget, width=width, node_cost=node_cost)
+        n = len(tree)
+        assert len(records) == n and records[0] is None
+        for name in ("tokens", "parents", "depths"):
+            assert torch.equal(getattr(tree, name), getattr(full, name)[:n]), name
+        ratios = _prefix_ratios(full, node_cost)
+        assert ratios[n - 1] == pytest.approx(max(ratios), rel=1e-6), (node_cost, n, ratios)
 
 
 def test_measure_node_cost_and_cost_curve_are_measured_once_per_model():

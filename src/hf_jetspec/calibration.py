@@ -16,14 +16,15 @@ whether it was accepted. A `Calibration` is saved as ``calibration.json`` beside
 
 The cost of verifying a tree of N nodes, in single-token target forwards: a `CostCurve` measured on the current
 device (`measure_cost_curve`: forwards of 1, 2, 4, ... tokens, interpolated), or a stored / given number ``kappa``
-(``1 + kappa * N``). The merged tree stops adding nodes when the next node's expected gain no longer pays for the
-extra cost (`worth_adding`). On a CPU or GPU a forward of a few tokens costs about what one does, so the first
-nodes are nearly free and a linear ``kappa`` would overprice them.
+(``1 + kappa * N``). The merged tree takes the size whose expected tokens per unit of cost is largest among its
+best-first prefixes (`verify_cost`, `may_still_pay`). On a CPU or GPU a forward of a few tokens costs about what
+one does, so the first nodes are nearly free and a linear ``kappa`` would overprice them.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 import time
@@ -199,15 +200,33 @@ class CostCurve:
         return max(c[0], c[i - 1] + slope * (n - t[i - 1]))
 
 
-def worth_adding(gain: float, expected_tokens: float, nodes: int, node_cost: "float | CostCurve") -> bool:
-    """Whether a node whose path is accepted with probability ``gain`` raises the expected tokens per unit of
-    verification cost of a tree that has ``nodes`` nodes and ``expected_tokens`` = 1 + the sum of their gains:
-    ``(E + g) / C(N + 1) > E / C(N)`` <=> ``g > E (C(N + 1) - C(N)) / C(N)``, with ``C`` a `CostCurve` or, for a
-    number ``kappa``, ``C(N) = 1 + kappa N`` (``g > kappa E / (1 + kappa N)``)."""
-    if isinstance(node_cost, CostCurve):
-        now = node_cost(nodes)
-        return gain > expected_tokens * (node_cost(nodes + 1) - now) / now
-    return gain > node_cost * expected_tokens / (1.0 + node_cost * nodes)
+def verify_cost(node_cost: "float | CostCurve", nodes: int) -> float:
+    """``C(N)``: the cost of verifying a tree of ``nodes`` nodes in one-token forwards, from a `CostCurve` or, for a
+    number ``kappa``, ``1 + kappa N``."""
+    return node_cost(nodes) if isinstance(node_cost, CostCurve) else 1.0 + node_cost * nodes
+
+
+@functools.lru_cache(maxsize=64)
+def _cheapest_node_prices(curve: CostCurve, budget: int) -> tuple[float, ...]:
+    """``s[n]`` for ``n < budget``: the least average cost of a node added to a tree of ``n`` nodes,
+    ``min over n < m <= budget of (C(m) - C(n)) / (m - n)`` (a step in the curve followed by flat sizes is cheap
+    on average though its first node is dear)."""
+    cost = torch.tensor([curve(n) for n in range(budget + 1)], dtype=torch.float64)
+    steps = torch.arange(1, budget + 1, dtype=torch.float64)
+    return (0.0,) + tuple(float(((cost[n + 1:] - cost[n]) / steps[: budget - n]).min()) for n in range(1, budget))
+
+
+def may_still_pay(gain: float, best_ratio: float, nodes: int, node_cost: "float | CostCurve", budget: int) -> bool:
+    """Whether growing a tree of ``nodes`` nodes with nodes of gain at most ``gain`` (best-first: no later node has
+    a larger one) can still beat ``best_ratio``, the best expected tokens per cost ``E(N) / C(N)`` of the sizes so
+    far. For every ``m > nodes``: ``E(m) <= E(nodes) + gain (m - nodes)`` and ``E(nodes) <= best_ratio C(nodes)``,
+    so no size up to ``budget`` beats it once ``gain <= best_ratio * s``, with ``s`` the cheapest average price
+    of the nodes beyond (`_cheapest_node_prices`; ``kappa`` for a number). With a number this is the marginal rule
+    ``gain > kappa E / (1 + kappa N)``; a curve with a step may pay several nodes past a node that alone does not."""
+    if nodes >= budget:
+        return False
+    price = _cheapest_node_prices(node_cost, budget)[nodes] if isinstance(node_cost, CostCurve) else node_cost
+    return gain > best_ratio * price
 
 
 def timing_positions(model) -> int | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .calibration import Calibration, head_features, retrieval_features, worth_adding
+from .calibration import Calibration, head_features, may_still_pay, retrieval_features, verify_cost
 from .limits import MAX_FORWARD_TOKENS
 
 
@@ -235,8 +235,9 @@ def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibr
     `hf_jetspec.suffix_index.Candidates` trie rooted at the anchor (None: no retrieval); a node on the trie also
     takes the trie's children. A token proposed by both is one node whose estimate sees both (the head's
     probability is a feature of the retrieval model). Stops at ``budget`` nodes (root included), at ``max_depth``,
-    or, with ``node_cost`` (kappa or a `CostCurve`, `hf_jetspec.calibration.worth_adding`), at the first node
-    whose gain does not pay for its verification. Returns the tree (``scores``: log estimated path probability) and each node's
+    or, with ``node_cost`` (kappa or a `CostCurve`), at the size whose expected tokens per verification cost
+    ``E(N) / C(N)`` is largest among the best-first prefixes (`hf_jetspec.calibration.may_still_pay` ends the search
+    once no larger size can win). Returns the tree (``scores``: log estimated path probability) and each node's
     calibration record ``(kind, features)`` (None for the root).
     """
     if budget < 1:
@@ -293,11 +294,12 @@ def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibr
                 order += 1
 
     push_children(0)
-    expected = 1.0
+    expected, size = 1.0, 1  # E(N) = 1 + the gains so far; the best size so far
+    best = 1.0 / verify_cost(node_cost, 1) if node_cost is not None else 0.0
     while heap and len(tokens) < budget:
         neg, _, parent, token, trie_node, record = heapq.heappop(heap)
-        gain = math.exp(-neg)
-        if node_cost is not None and not worth_adding(gain, expected, len(tokens), node_cost):
+        gain = math.exp(-neg)  # best-first: no later node has a larger one (edges are probabilities)
+        if node_cost is not None and not may_still_pay(gain, best, len(tokens), node_cost, budget):
             break
         expected += gain
         tokens.append(token)
@@ -307,6 +309,11 @@ def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibr
         trie_of.append(trie_node)
         records.append(record)
         push_children(len(tokens) - 1)
+        if node_cost is None:
+            size = len(tokens)
+        elif (ratio := expected / verify_cost(node_cost, len(tokens))) > best:
+            best, size = ratio, len(tokens)
+    tokens, parents, depths, logp, records = (x[:size] for x in (tokens, parents, depths, logp, records))
     return DraftTree.from_lists(tokens, parents, depths, logp, device), records
 
 

@@ -40,8 +40,8 @@ def suffix_generate(
     distribution, "sample, then match").
 
     Args (beyond ``generate()``'s own): ``datastore``: a `CorpusIndex` of token ids made with this model's tokenizer
-    (None: only this call's own text); ``tree_budget``: most nodes per step (the tree stops earlier when a node does
-    not pay for itself: ``node_cost``); ``retrieval_depth``, ``calibration``, ``node_cost``, ``calibration_log``,
+    (None: only this call's own text); ``tree_budget``: most nodes per step (fewer when the expected tokens per verification
+    cost are higher at a smaller size: ``node_cost``); ``retrieval_depth``, ``calibration``, ``node_cost``, ``calibration_log``,
     ``tree_kernel``, ``token_streamer``, ``generator``: as in `jetspec_generate`.
     """
     return jetspec_generate(
