@@ -15,10 +15,10 @@ Both are fitted (`fit`) from verification records (``jetspec_generate(..., calib
 whether it was accepted. A `Calibration` is saved as ``calibration.json`` beside a head / datastore.
 
 The cost of verifying a tree of N nodes, in single-token target forwards: a `CostCurve` measured on the current
-device (`measure_cost_curve`: forwards of 1, 2, 4, ... tokens, interpolated), or a stored / given number ``kappa``
-(``1 + kappa * N``). The merged tree takes the size whose expected tokens per unit of cost is largest among its
-best-first prefixes (`verify_cost`, `may_still_pay`). On a CPU or GPU a forward of a few tokens costs about what
-one does, so the first nodes are nearly free and a linear ``kappa`` would overprice them.
+device (`measure_cost_curve`: forwards of 1 to 16, 32, 64, ... tokens, interpolated), or a stored / given number
+``kappa`` (``1 + kappa * N``). The merged tree takes the size whose expected tokens per unit of cost is largest
+among its best-first prefixes (`verify_cost`, `may_still_pay`). On a CPU or GPU a forward of a few tokens costs
+about what one does, so the first nodes are nearly free and a linear ``kappa`` would overprice them.
 """
 
 from __future__ import annotations

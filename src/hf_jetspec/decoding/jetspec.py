@@ -125,9 +125,10 @@ def jetspec_generate(
         retrieval_depth: the deepest retrieved continuation.
         calibration: the acceptance estimates of merged trees (default: ``head.calibration``, else defaults).
         node_cost: with retrieval, the tree takes the size with the most expected tokens per verification cost
-            (among its best-first prefixes): ``"auto"`` (default) = the calibration's stored cost, else the cost of forwards of 1, 2,
-            4, ... tokens measured once per model on this device (`hf_jetspec.calibration.measure_cost_curve`); a
-            number (kappa: N nodes cost 1 + kappa N forwards) or a `CostCurve`; None = always fill ``tree_budget``.
+            (among its best-first prefixes): ``"auto"`` (default) = the calibration's stored cost, else the cost
+            of forwards of 1 to 16, 32, 64, ... tokens measured once per model on this device
+            (`hf_jetspec.calibration.measure_cost_curve`); a number (kappa: N nodes cost 1 + kappa N forwards) or a
+            `CostCurve`; None = always fill ``tree_budget``.
         calibration_log: a list receiving a calibration record per verified node (`hf_jetspec.calibration.fit`).
         token_streamer: a streamer receiving tokens as they are accepted (``generate()`` does not forward its own
             ``streamer=`` to ``custom_generate`` callables; the ``assistant_model`` route forwards it).

@@ -40,9 +40,9 @@ def suffix_generate(
     distribution, "sample, then match").
 
     Args (beyond ``generate()``'s own): ``datastore``: a `CorpusIndex` of token ids made with this model's tokenizer
-    (None: only this call's own text); ``tree_budget``: most nodes per step (fewer when the expected tokens per verification
-    cost are higher at a smaller size: ``node_cost``); ``retrieval_depth``, ``calibration``, ``node_cost``, ``calibration_log``,
-    ``tree_kernel``, ``token_streamer``, ``generator``: as in `jetspec_generate`.
+    (None: only this call's own text); ``tree_budget``: most nodes per step (fewer when a smaller size gives more
+    expected tokens per verification cost: ``node_cost``); ``retrieval_depth``, ``calibration``, ``node_cost``,
+    ``calibration_log``, ``tree_kernel``, ``token_streamer``, ``generator``: as in `jetspec_generate`.
     """
     return jetspec_generate(
         model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
