@@ -33,12 +33,7 @@ class NoCandidates(RetrievalDrafter):
         return None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=int, default=8)
-    parser.add_argument("--fit-prompts", type=int, default=24)
-    args = parser.parse_args()
-    torch.manual_seed(0)
+def main(budget: int, fit_prompts: int) -> None:
     model, tokenizer = default_model()
     head = default_head(model)
 
@@ -48,14 +43,14 @@ def main() -> None:
             ids = encode_prompt(tokenizer, prompt.text)
             tree = dict(retrieval=False) if calibration is None else dict(
                 retrieval=NoCandidates(None), calibration=calibration, node_cost=None, calibration_log=log)
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), draft_head=head, tree_budget=args.budget,
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), draft_head=head, tree_budget=budget,
                                  custom_generate=hf_jetspec.jetspec_generate, max_new_tokens=128, do_sample=False,
                                  return_dict_in_generate=True, **tree)
             accepted += out.stats.accept_lengths
         return sum(accepted) / len(accepted)
 
     records: list = []
-    held_out = sharegpt_prompts()[: args.fit_prompts]
+    held_out = sharegpt_prompts()[:fit_prompts]
     fitted_on = tau(held_out, Calibration(), records)
     own = fit(records)
     print(f"fitted on {len(records)} records of {len(held_out)} held-out ShareGPT openings (tau there "
@@ -63,8 +58,11 @@ def main() -> None:
     mt_bench = limit_per_category(mt_bench_prompts(), 2)
     for name, calibration in (("raw", None), ("default", Calibration()), ("shipped", head.calibration),
                               ("held-out fit", own)):
-        print(f"{name}: MT-Bench head-only tau @{args.budget} = {tau(mt_bench, calibration):.3f}", flush=True)
+        print(f"{name}: MT-Bench head-only tau @{budget} = {tau(mt_bench, calibration):.3f}", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=int, default=8, help="tree nodes per step, root included")
+    parser.add_argument("--fit-prompts", type=int, default=24, help="held-out ShareGPT openings to fit on")
+    main(**vars(parser.parse_args()))

@@ -13,16 +13,13 @@ output asserted equal to plain greedy. Prints per-round totals, tau per prompt, 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from importlib import resources
-
-import torch
 
 import hf_jetspec
 import hf_jetspec.calibration as calibration
 from hf_jetspec.models import default_head, default_model
+from hf_jetspec.prompts import code_math_prompts
 
 CHAT = ["Explain in three sentences why the sky is blue.", "Give me five tips for a job interview.",
         "What is the difference between a list and a tuple in Python?"]
@@ -39,14 +36,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    torch.manual_seed(0)
     model, tokenizer = default_model()
     head = default_head(model)
     curve = calibration.measure_cost_curve(model, 32)
     print("cost curve", [(t, round(c, 3)) for t, c in zip(curve.tokens, curve.cost)], flush=True)
-    eval_file = resources.files("hf_jetspec") / "assets/eval/code_math.jsonl"
-    rows = [json.loads(line) for line in eval_file.read_text().splitlines() if line.strip()]
-    prompts = CHAT + [r["prompt"] for r in rows[:2] + rows[-2:]]
+    code_math = code_math_prompts()
+    prompts = CHAT + [p.text for p in code_math[:2] + code_math[-2:]]
     inputs = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                             return_tensors="pt", return_dict=True) for p in prompts]
 
