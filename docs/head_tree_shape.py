@@ -62,7 +62,7 @@ def main(budget: int, fit_prompts: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=int, default=8, help="tree nodes per step, root included")
     parser.add_argument("--fit-prompts", type=int, default=24, help="held-out ShareGPT openings to fit on")
     main(**vars(parser.parse_args()))
