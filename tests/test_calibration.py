@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hf_jetspec.calibration import (RETRIEVAL_FEATURES, Calibration, CostCurve, fit, head_features,
-                                    may_still_pay, measure_cost_curve, measure_node_cost, resolve_node_cost,
-                                    retrieval_features, verify_cost)
+                                    may_still_pay, measure_cost_curve, measure_node_cost, measured_cost_curve,
+                                    resolve_node_cost, retrieval_features, verify_cost)
 from hf_jetspec.tree import merged_tree
 
 
@@ -207,7 +207,9 @@ def test_measure_node_cost_and_cost_curve_are_measured_once_per_model():
     model = make_target("llama", seed=0)
     kappa = measure_node_cost(model)
     assert kappa >= 0
+    assert measured_cost_curve(model) is None  # nothing measured yet
     curve = measure_cost_curve(model, 8)
+    assert measured_cost_curve(model) is curve
     assert curve.tokens == tuple(range(1, 9)) and curve.cost[0] == 1.0 and list(curve.cost) == sorted(curve.cost)
     assert measure_cost_curve(model, 5) is curve  # cached, covers 5
     longer = measure_cost_curve(model, 20)

@@ -127,6 +127,10 @@ def test_bench_writes_json_and_plots(model_dir, prompts_file, tmp_path, capsys):
         assert stats["matches_greedy"] is True
     assert payload["strategies"]["jetspec-oracle@8"]["tau"] > 1.5
     assert payload["machine"]["torch"] and payload["settings"]["max_new_tokens"] == 10
+    curve = payload["machine"]["cost_curve"]  # what the merged trees' adaptive sizes were priced with
+    assert curve["tokens"][:2] == [1, 2] and curve["tokens"][-1] >= 8 and curve["cost"][0] == 1.0
+    assert curve["cost"] == sorted(curve["cost"]) and len(curve["cost"]) == len(curve["tokens"])
+    assert "the adaptive trees were sized with: 1:1.00 2:" in capsys.readouterr().out
     assert payload["settings"]["budgets"] == "4,8" and payload["settings"]["temperatures"] == "0"
     assert {p.name for p in plots.iterdir()} >= {"speedup_per_category.png", "tau_per_category.png",
                                                   "tau_vs_budget.png"}

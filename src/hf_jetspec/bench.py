@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from .calibration import measured_cost_curve
 from .devices import execution_device
 from .files import write_atomic, write_text_atomic
 from .prompts import Prompt, encode_prompt
@@ -244,6 +245,9 @@ def machine_info(model) -> dict:
     }
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+    curve = measured_cost_curve(model)  # what the adaptive tree sizes were priced with (None: never measured)
+    info["cost_curve"] = None if curve is None else {"tokens": list(curve.tokens),
+                                                      "cost": [round(c, 4) for c in curve.cost]}
     return info
 
 

@@ -332,6 +332,12 @@ def measure_cost_curve(model, max_tokens: int = 32, prefix: int = 64, repeats: i
     return curve
 
 
+def measured_cost_curve(model) -> "CostCurve | None":
+    """The `CostCurve` `measure_cost_curve` measured on ``model`` in this process (what adaptive trees used), or
+    None if none was measured."""
+    return _MEASURED.get(model)
+
+
 def resolve_node_cost(node_cost, calibration: Calibration, model, budget: int = 32) -> "float | CostCurve | None":
     """The cost model of a decoding call: ``"auto"`` = the calibration's stored ``kappa``, else the `CostCurve`
     measured on ``model`` up to ``budget`` tokens; a number (``kappa``) or a `CostCurve`; None (or 0) = no
