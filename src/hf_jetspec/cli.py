@@ -542,13 +542,14 @@ def cmd_bench(args) -> int:
     if args.per_category:
         for category, summary in result.per_category().items():
             print(f"\n[{category}]\n{bench.format_table(summary)}")
-    curve = bench.machine_info(model)["cost_curve"]
+    settings = {k: ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if isinstance(v, list) else v
+                for k, v in vars(args).items() if k not in ("func", "prompt_list")}  # lists as typed: "ar,jetspec"
+    payload = bench.results_payload(result, model, settings)
+    curve = payload["machine"]["cost_curve"]
     if curve is not None:
         print("\ncost curve (a forward of N new tokens / one of 1) the adaptive trees were sized with: "
               + " ".join(f"{n}:{c:.2f}" for n, c in zip(curve["tokens"], curve["cost"])))
-    settings = {k: ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if isinstance(v, list) else v
-                for k, v in vars(args).items() if k not in ("func", "prompt_list")}  # lists as typed: "ar,jetspec"
-    status = save_results(args, bench.results_payload(result, model, settings), result)
+    status = save_results(args, payload, result)
     if args.calibration_log:
         from .calibration import write_records
 
