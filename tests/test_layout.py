@@ -1,5 +1,5 @@
 """The package's import direction (docs/how-it-works.md): the CLI is the top, nothing else imports it; the engine's
-building blocks (tree, acceptance, verify, suffix indexes) never import a decoding loop, the benchmark or the CLI."""
+building blocks (tree, acceptance, verify, suffix indexes, candidate tries) never import a decoding loop, the benchmark or the CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for folder in ("src/hf_jetspec", "training", "kernels") for p in (ROOT / folder).rglob("*.py"))
 TOP = {"cli", "bench"}  # user-facing layers
-BLOCKS = {"tree", "acceptance", "verify", "suffix_index", "calibration", "cache", "attention", "tokens", "limits"}
+BLOCKS = {"tree", "acceptance", "verify", "suffix_index", "candidates", "calibration", "cache", "attention", "tokens",
+          "limits"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -9,16 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hf_jetspec.candidates import PAD, Candidates, merge_candidates, trie_from_rows
 from hf_jetspec.suffix_index import (
     DATASTORE_FILE,
-    PAD,
-    Candidates,
     ContextIndex,
     CorpusIndex,
-    merge_candidates,
     suffix_array_numpy,
     tokenizer_fingerprint,
-    trie_from_rows,
 )
 
 try:

@@ -125,7 +125,7 @@ def test_from_lists_defaults_scores_and_builds_children():
 
 
 def trie(anchor: int, rows: list[list[int]], source: str = "context", match_len: int = 4):
-    from hf_jetspec.suffix_index import trie_from_rows
+    from hf_jetspec.candidates import trie_from_rows
 
     width = max(len(r) for r in rows)
     padded = [r + [-1] * (width - len(r)) for r in rows]

@@ -3,7 +3,7 @@
 `RetrievalDrafter` looks up the longest suffixes of the committed sequence in this call's own prompt + output
 (`ContextIndex`, extended as tokens are committed) and, when given, a static datastore (`CorpusIndex`, e.g. the
 target's own earlier answers shipped beside a head), and returns what followed them as one
-`hf_jetspec.suffix_index.Candidates` trie with per-source counts. It needs no model and no training.
+`hf_jetspec.candidates.Candidates` trie with per-source counts. It needs no model and no training.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 
 from .calibration import CALIBRATION_FILE, Calibration
 from .limits import check_range
-from .suffix_index import DATASTORE_FILE, Candidates, ContextIndex, CorpusIndex, merge_candidates
+from .candidates import Candidates, merge_candidates
+from .suffix_index import DATASTORE_FILE, ContextIndex, CorpusIndex
 
 DEFAULT_RETRIEVAL_DEPTH = 16
 

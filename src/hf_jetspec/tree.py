@@ -232,7 +232,7 @@ def merged_tree(anchor: int, head_probs: torch.Tensor | None, candidates, calibr
 
     ``head_probs [D, V]``: the head's distributions of depths 1..D (None: no head); a node at depth d may take any
     of the top-``width`` tokens of depth d (as in `best_first_tree`). ``candidates``: a
-    `hf_jetspec.suffix_index.Candidates` trie rooted at the anchor (None: no retrieval); a node on the trie also
+    `hf_jetspec.candidates.Candidates` trie rooted at the anchor (None: no retrieval); a node on the trie also
     takes the trie's children. A token proposed by both is one node whose estimate sees both (the head's
     probability is a feature of the retrieval model). Stops at ``budget`` nodes (root included), at ``max_depth``,
     or, with ``node_cost`` (kappa or a `CostCurve`), at the size whose expected tokens per verification cost
