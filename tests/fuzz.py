@@ -1,0 +1,130 @@
+"""Out-of-suite fuzzing: the suite's equivalence sweeps at case indices (and target seeds) the tests never run.
+
+    python tests/fuzz.py greedy 1000 1400   # JetSpec (sweep_case of test_equivalence), Jacobi, speculative
+                                            # Jacobi, suffix decoding: tokens == plain greedy generate()
+    python tests/fuzz.py batch 0 80         # left-padded batches of 1-5 rows, every strategy of test_batches
+    python tests/fuzz.py sample 0 60        # sampling: JetSpec "match" (oracle and head), suffix, Jacobi draw for
+                                            # draw against plain sampling with the same seed and warpers
+
+Prints every failing case with its settings and the count at the end (exit status 1 if any failed). Not collected
+by pytest (too slow for the suite: ~4-15 s per case on 2 cores); the suite runs the same checks at fixed indices.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import test_batches as tb  # noqa: E402
+import test_equivalence as te  # noqa: E402
+import test_jacobi as tj  # noqa: E402
+import torch  # noqa: E402
+from helpers import TARGET_FAMILIES, ScrambledOracle, assert_same_tokens, greedy_reference, make_target  # noqa: E402
+
+import hf_jetspec  # noqa: E402
+from hf_jetspec import JetSpecHead  # noqa: E402
+
+
+def greedy(i: int) -> list[str]:
+    problems = []
+    case = te.sweep_case(i) | {"model_seed": 4 + i % 5}  # targets the suite never builds
+    checks = [("jetspec", lambda: te.run_case(**case)), ("jacobi", lambda: tj.run_jacobi_case(**tj.sweep_case(i)))]
+    if i % 4 == 0:
+        checks.append(("spec-jacobi", lambda: tj.test_speculative_jacobi_matches_greedy(i)))
+    rng = random.Random(i)
+    model = te.cached_target(TARGET_FAMILIES[i % 3], 4 + i % 5)
+    base = torch.randint(3, 128, (1, rng.choice([3, 8, 20])), generator=torch.Generator().manual_seed(i))
+    prompt, new = base.repeat(1, rng.choice([1, 2, 4])), rng.choice([5, 30, 60])  # repetitive: retrieval drafts
+
+    def suffix():
+        out = model.generate(prompt, do_sample=False, max_new_tokens=new, custom_generate=hf_jetspec.suffix_generate,
+                             tree_budget=rng.choice([1, 4, 16, 64]))
+        assert_same_tokens(greedy_reference(model, prompt, max_new_tokens=new), out, f"suffix {i}")
+
+    checks.append(("suffix", suffix))
+    for name, check in checks:
+        try:
+            check()
+        except Exception as e:  # noqa: BLE001 - report every failure, go on
+            problems.append(f"{name} {case if name == 'jetspec' else ''} {type(e).__name__}: {str(e)[:600]}")
+    return problems
+
+
+BATCH_SETTINGS = [dict(), dict(min_length=25, eos_token_id=7), dict(min_new_tokens=12, eos_token_id=9,
+                  repetition_penalty=1.3), dict(no_repeat_ngram_size=3), dict(eos_token_id=[4, 11]),
+                  dict(suppress_tokens=[5, 6], eos_token_id=13)]
+
+
+def batch(i: int) -> list[str]:
+    rng, problems = random.Random(i), []
+    family = TARGET_FAMILIES[i % 3]
+    model = make_target(family, seed=10 + i % 7, layers=rng.choice([1, 2, 4]))
+    lengths = [rng.randint(1, 20) for _ in range(rng.randint(1, 5))]
+    ids, mask = tb.left_padded(lengths, seed=i)
+    settings = rng.choice(BATCH_SETTINGS)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=rng.choice([1, 6, 20, 40]), pad_token_id=0,
+                  **settings)
+    reference = model.generate(ids, **kwargs)
+    hf_jetspec.enable(model)
+    for name, extra in tb.strategies(model, reference[:, ids.shape[1]:]).items():
+        try:
+            out = model.generate(ids, **kwargs, **extra)
+            assert out.shape == reference.shape, (out.shape, reference.shape)
+            for row in range(ids.shape[0]):
+                assert_same_tokens(reference[row : row + 1], out[row : row + 1], f"row {row}")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{name} {family} {lengths} {settings} {type(e).__name__}: {str(e)[:500]}")
+    return problems
+
+
+WARPERS = [dict(), dict(temperature=0.7), dict(top_k=5), dict(top_p=0.8, temperature=1.3), dict(min_p=0.05),
+           dict(repetition_penalty=1.2, top_k=20), dict(typical_p=0.8)]
+
+
+def sample(i: int) -> list[str]:
+    rng, problems = random.Random(i), []
+    family = TARGET_FAMILIES[i % 3]
+    model = make_target(family, seed=20 + i % 5, layers=rng.choice([1, 2, 3]))
+    prompt = torch.randint(3, 128, (1, rng.randint(1, 12)), generator=torch.Generator().manual_seed(i))
+    new, warpers = rng.choice([1, 5, 25]), rng.choice(WARPERS)
+    oracle = ScrambledOracle(greedy_reference(model, prompt, max_new_tokens=new), 128, 6, seed=i)
+    runs = {
+        "jetspec-match-oracle": dict(custom_generate=hf_jetspec.jetspec_generate, sampling_rule="match",
+                                     drafter=oracle, tree_budget=rng.choice([2, 8, 24])),
+        "jetspec-match-head": dict(custom_generate=hf_jetspec.jetspec_generate, sampling_rule="match",
+                                   draft_head=JetSpecHead.for_target(model, block_size=5, num_hidden_layers=1)),
+        "suffix": dict(custom_generate=hf_jetspec.suffix_generate),
+        "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate),
+    }
+    for name, extra in runs.items():
+        for seed in (1000 * i, 1000 * i + 1):
+            torch.manual_seed(seed)
+            plain = model.generate(prompt, max_new_tokens=new, do_sample=True, **warpers)
+            torch.manual_seed(seed)
+            try:
+                out = model.generate(prompt, max_new_tokens=new, do_sample=True, **warpers, **extra)
+                assert out.tolist() == plain.tolist(), f"plain {plain.tolist()} vs {out.tolist()}"
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"{name} {family} {warpers} seed {seed} {type(e).__name__}: {str(e)[:400]}")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    mode, start, stop = argv[0], int(argv[1]), int(argv[2])
+    check, failed, began = {"greedy": greedy, "batch": batch, "sample": sample}[mode], 0, time.time()
+    for i in range(start, stop):
+        for problem in check(i):
+            failed += 1
+            print(f"FAIL {mode} case {i}: {problem}", flush=True)
+        if (i - start) % 10 == 9:
+            print(f"{mode}: cases {start}..{i} done, {failed} failed, {time.time() - began:.0f} s", flush=True)
+    print(f"{mode}: {stop - start} cases, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
