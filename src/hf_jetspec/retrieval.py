@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from .calibration import CALIBRATION_FILE, Calibration
-from .limits import check_range
 from .candidates import Candidates, merge_candidates
+from .limits import check_range
 from .suffix_index import DATASTORE_FILE, ContextIndex, CorpusIndex
 
 DEFAULT_RETRIEVAL_DEPTH = 16
