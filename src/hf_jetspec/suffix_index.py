@@ -10,7 +10,7 @@ Two sources of continuations:
 
 Both return a `hf_jetspec.candidates.Candidates` trie rooted at the anchor (the context's last token) whose paths
 are what followed the matched occurrences (never crossing the current end or a document end), with how many
-occurrences support each node; ``merge_candidates`` (same module) merges the tries of several sources.
+occurrences support each node; `hf_jetspec.candidates.merge_candidates` merges the tries of several sources.
 
 Token ids are integers in ``[0, vocab_size)``. Arrays are numpy (int64 in ``Candidates``); torch tensors are
 accepted as inputs.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .candidates import PAD, Candidates, merge_candidates, trie_from_rows  # noqa: F401 (merge_candidates: re-exported)
+from .candidates import PAD, Candidates, trie_from_rows
 
 DATASTORE_FILE = "datastore.safetensors"
 FORMAT = "hf_jetspec.suffix_index"
