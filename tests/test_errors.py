@@ -542,6 +542,26 @@ def test_api_arguments_of_the_wrong_kind_are_named():
         JetSpecHead.for_target("Qwen/Qwen3-8B")
 
 
+def test_suffix_decoding_names_head_arguments():
+    """suffix_generate forwarded every extra keyword to jetspec_generate: ``draft_head=None`` (which generate()'s
+    own check lets through) raised "got multiple values for keyword argument", and a drafter given to it directly
+    silently became a merged head tree. Now None means what suffix decoding does anyway, anything else is named."""
+    model = make_target("llama")
+    prompt = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    out = model.generate(prompt, do_sample=False, max_new_tokens=8, custom_generate=hf_jetspec.suffix_generate,
+                         draft_head=None, retrieval=None)  # None values pass generate()'s model_kwargs check
+    assert torch.equal(out, greedy_reference(model, prompt, max_new_tokens=8))
+    hf_jetspec.enable(model)  # the assistant_model route had the same collision
+    out = model.generate(prompt, do_sample=False, max_new_tokens=8, assistant_model=JetSpecHead.for_target(model),
+                         draft_head=None)
+    assert torch.equal(out, greedy_reference(model, prompt, max_new_tokens=8))
+    config = model.generation_config
+    config.max_length = 10
+    for name in ("draft_head", "drafter", "sampling_rule", "tree_builder"):
+        with pytest.raises(ValueError, match=f"takes no {name}: use"):
+            hf_jetspec.suffix_generate(model, prompt, [], [], config, **{name: JetSpecHead.for_target(model)})
+
+
 def test_timing_forwards_stay_inside_the_position_table():
     """The default node_cost ("auto") times forwards of a 64-token prefix plus up to 32 tokens: on a GPT-2 with 24
     positions (plain generate() works) they indexed past its position embeddings (IndexError)."""

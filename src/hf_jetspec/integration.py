@@ -24,6 +24,8 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
     if isinstance(assistant_model, JetSpecHead):
         for key in ("assistant_tokenizer", "tokenizer"):
             model_kwargs.pop(key, None)
+        if model_kwargs.pop("draft_head", None) is not None:  # generate() lets None values through
+            raise ValueError("assistant_model= already is the draft head: drop draft_head=")
         return jetspec_generate(
             self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
             draft_head=assistant_model, **model_kwargs,

@@ -16,6 +16,9 @@ from ..calibration import Calibration
 from ..retrieval import DEFAULT_RETRIEVAL_DEPTH
 from .jetspec import DEFAULT_TREE_BUDGET, jetspec_generate
 
+# jetspec_generate's arguments that belong to a head (or choose one); suffix decoding has none.
+HEAD_ARGUMENTS = ("draft_head", "drafter", "retrieval", "tree_width", "tree_builder", "sampling_rule")
+
 
 def suffix_generate(
     model,
@@ -42,8 +45,14 @@ def suffix_generate(
     Args (beyond ``generate()``'s own): ``datastore``: a `CorpusIndex` of token ids made with this model's tokenizer
     (None: only this call's own text); ``tree_budget``: most nodes per step (fewer when a smaller size gives more
     expected tokens per verification cost: ``node_cost``); ``retrieval_depth``, ``calibration``, ``node_cost``,
-    ``calibration_log``, ``tree_kernel``, ``token_streamer``, ``generator``: as in `jetspec_generate`.
+    ``calibration_log``, ``tree_kernel``, ``token_streamer``, ``generator``: as in `jetspec_generate`. A head's
+    arguments (`HEAD_ARGUMENTS`) are refused by name unless None.
     """
+    misplaced = sorted(k for k in HEAD_ARGUMENTS if model_kwargs.pop(k, None) is not None)
+    if misplaced:
+        raise ValueError(f"suffix_generate drafts from text already written, without a head, and takes no "
+                         f"{', '.join(misplaced)}: use hf_jetspec.jetspec_generate for a head's tree (with "
+                         f"retrieval=True / a datastore to merge both), or pass the datastore as datastore=")
     return jetspec_generate(
         model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
         draft_head=None, tree_budget=tree_budget, tree_kernel=tree_kernel,
