@@ -331,11 +331,15 @@ def test_bench_calibration_log_then_calibrate(model_dir, prompts_file, tmp_path,
     assert main(["bench", "--model", str(model_dir / "model"), "--head", str(drafter),
                  "--datastore", str(tmp_path / "store"), "--prompts", str(prompts_file), "--field", "q",
                  "--max-new-tokens", "24", "--strategies", "ar,jetspec", "--budgets", "8",
-                 "--calibration-log", str(log)]) == 0
+                 "--calibration-log", str(log), "--json", str(tmp_path / "bench.json")]) == 0
     records = read_records([log])
     retrieval = [r for r in records if r["kind"] == "retrieval"]
     assert len(retrieval) >= 20 and {r["accepted"] for r in retrieval} == {True, False}
-    assert "verification records" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "verification records" in out
+    # The stored cost priced the trees, not a measured curve: the results say so.
+    assert "prices a tree of N nodes at 1 + 0 N forwards" in out
+    assert json.loads((tmp_path / "bench.json").read_text())["machine"]["head_node_cost"] == 0.0
 
     assert main(["calibrate", str(log), "--out", str(head), "--node-cost", "0.03"]) == 0
     calibration = Calibration.load(head / CALIBRATION_FILE)

@@ -549,6 +549,11 @@ def cmd_bench(args) -> int:
     if curve is not None:
         print("\ncost curve (a forward of N new tokens / one of 1) the adaptive trees were sized with: "
               + " ".join(f"{n}:{c:.2f}" for n, c in zip(curve["tokens"], curve["cost"])))
+    kappa = getattr(getattr(resources.head, "calibration", None), "node_cost", None)
+    if kappa is not None:  # "auto" takes the head's stored cost over the curve: say which priced its trees
+        payload["machine"]["head_node_cost"] = kappa
+        print(f"\nthe head's calibration prices a tree of N nodes at 1 + {kappa:g} N forwards: its merged trees "
+              "were sized with that" + (" (suffix decoding's with the curve above)" if curve is not None else ""))
     status = save_results(args, payload, result)
     if args.calibration_log:
         from .calibration import write_records
