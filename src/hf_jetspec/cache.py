@@ -77,8 +77,8 @@ def full_layers(cache, window: int | None, max_length: int | None = None):
 
 
 def check_cache(cache) -> None:
-    """Raise ``ValueError`` unless ``cache`` is an empty DynamicCache or StaticCache of full-attention layers
-    (sliding-window layers: `full_layers` first)."""
+    """Raise ``ValueError`` unless ``cache`` is a DynamicCache or StaticCache of full-attention layers (sliding-window
+    layers: `full_layers` first, which converts empty ones)."""
     if not isinstance(cache, (DynamicCache, StaticCache)):
         raise ValueError(
             f"Tree and Jacobi decoding need a DynamicCache or StaticCache, got {type(cache).__name__}; "
@@ -88,13 +88,17 @@ def check_cache(cache) -> None:
         if isinstance(layer, _EMPTY_LAYERS):
             continue
         static_indexed = isinstance(layer, StaticLayer) and hasattr(layer, "indexer_keys")
+        if isinstance(layer, _WINDOW_LAYERS) and cache.get_seq_length() != 0:
+            raise ValueError(
+                "This filled cache has sliding-window layers (plain generate() made it), which drop the keys older "
+                "than their window that tree steps still read. Continue from the cache an hf_jetspec call returned "
+                "(return_dict_in_generate=True: its past_key_values keep every position), or pass no cache."
+            )
         if isinstance(layer, _WINDOW_LAYERS) or not isinstance(layer, _FULL_LAYERS) or static_indexed:
             raise ValueError(
                 f"Cache layer {type(layer).__name__} is not supported: tree verification rewinds and compacts the "
                 "cache, which quantized, indexed, linear-attention and other special layers cannot do exactly."
             )
-    if cache.get_seq_length() != 0:
-        raise ValueError("Pass an empty cache: continuing generation from a filled cache is not supported.")
 
 
 def mask_key_length(cache, prefix_len: int, num_new: int) -> int:

@@ -6,7 +6,8 @@ whose hidden states it reads; empty for none) and owns its state:
 - ``start()``: reset before a new sequence;
 - ``observe(features, visited)``: the target's tapped states of its latest forward (``features [n, F]``, None when
   no layers are tapped) and which of those positions were committed (``visited``: node indices of a verified tree;
-  None: all of them, the prompt after prefill);
+  None: all of them, the prompt after prefill: the positions the prefill ran, which leave out the tokens a filled
+  cache held when generation continues from one);
 - ``propose(ids, depth) -> logits [min(depth, block_size - 1), V]``: ``ids [1, L + 1]`` is the committed sequence
   (its last token is the anchor, not yet in the target's cache), ``depth`` the deepest level the tree can use this
   step (it may be 0: the drafter still takes in what it observed).
@@ -51,16 +52,21 @@ class HeadDrafter:
     def start(self) -> None:
         self.context = HeadContext()
         self.pending: list[torch.Tensor] = []  # committed positions' features not yet in the head's context
+        # Leading positions without features: the tokens a filled cache held when the call began (a conversation's
+        # earlier turns, never run by this call); the head's context starts after them. Set by the first proposal.
+        self.uncovered: int | None = None
 
     def observe(self, features: torch.Tensor | None, visited: list[int] | None) -> None:
         self.pending.append(features if visited is None else features[visited])
 
     def propose(self, ids: torch.Tensor, depth: int) -> torch.Tensor:
         new = self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending)
-        if self.context.length + new.shape[0] != ids.shape[1] - 1:
+        if self.uncovered is None:
+            self.uncovered = ids.shape[1] - 1 - new.shape[0]
+        if self.uncovered < 0 or self.uncovered + self.context.length + new.shape[0] != ids.shape[1] - 1:
             raise RuntimeError(
-                f"Head context out of sync: {self.context.length} + {new.shape[0]} features for "
-                f"{ids.shape[1] - 1} committed positions"
+                f"Head context out of sync: {self.uncovered} uncovered + {self.context.length} + {new.shape[0]} "
+                f"features for {ids.shape[1] - 1} committed positions"
             )
         self.pending = []
         return self.head.draft(self.context, new, int(ids[0, -1]), self.embed, self.lm_head, depth)

@@ -10,6 +10,8 @@ from packaging.version import Version
 
 from ..attention import check_target, sliding_window
 from ..cache import check_cache, full_layers
+from ..config import cross_attention_layers
+from ..rope import rope_switch
 
 
 def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus: bool, model_kwargs: dict):
@@ -49,7 +51,33 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
     if getattr(cache, "offloading", False):
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
     check_cache(full_layers(cache, sliding_window(model)[0], getattr(generation_config, "max_length", None)))
+    if cache.get_seq_length():
+        check_continuation(model, input_ids, cache.get_seq_length(), model_kwargs, generation_config)
     return cache
+
+
+def check_continuation(model, input_ids: torch.Tensor, cached: int, model_kwargs: dict, generation_config) -> None:
+    """A call continuing from a cache that already holds ``cached`` tokens (a conversation's earlier turns): as in
+    ``generate()``, ``input_ids`` is the whole sequence, those tokens included, and the prefill runs the rest. Refuse
+    what that cannot reproduce, by name."""
+    length = input_ids.shape[1]
+    if cached >= length:
+        raise ValueError(f"The cache already holds {cached} tokens but input_ids has {length}: pass the whole "
+                         "sequence (the cached tokens, then at least one new token) as input_ids.")
+    mask = model_kwargs.get("attention_mask")  # transformers >= 5.2x drops an all-ones mask and keeps its length
+    mask_length = mask.shape[-1] if mask is not None else getattr(generation_config, "_mask_length", None)
+    if mask_length not in (None, -1, length):
+        raise ValueError(f"attention_mask covers {mask_length} tokens and input_ids {length}: when continuing from "
+                         "a filled cache, pass the whole sequence (cached tokens included) as input_ids, with a mask "
+                         "of the same length.")
+    if model.config.get_text_config() is not model.config or cross_attention_layers(model):
+        raise ValueError(f"Continuing from a filled cache is supported for text-only models; {type(model).__name__} "
+                         "is multimodal (its position ids and cross-attention depend on the earlier turns' inputs): "
+                         "pass the whole conversation without a cache.")
+    if rope_switch(model) is not None:
+        raise ValueError(f"Continuing from a filled cache on {type(model).__name__}, whose RoPE frequencies change "
+                         "with the sequence length (the cached keys may have been rotated the other way): pass the "
+                         "whole conversation without a cache.")
 
 
 def other_decoding_method(generation_config) -> str | None:
@@ -101,6 +129,10 @@ def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[torch.T
 
     ``model_kwargs`` is what ``generate()`` handed to the decoding method (cache included); it is not modified.
     """
+    cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    cached = cache.get_seq_length() if cache is not None else 0
+    if cached:  # continuing from a filled cache: run only the tokens after it, as generate()'s prefill slices them
+        model_kwargs = {**model_kwargs, "next_sequence_length": input_ids.shape[1] - cached}
     inputs = model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **model_kwargs)
     for key in ("cache", "past_key_values"):
         if model_kwargs.get(key) is not None and inputs.get(key) is None:

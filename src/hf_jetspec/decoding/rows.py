@@ -109,6 +109,10 @@ def check_rows(generation_config, streamer, logits_processor, kwargs: dict, rows
     if any(type(p).__name__ == "PrefixConstrainedLogitsProcessor" for p in logits_processor or ()):
         raise ValueError("prefix_allowed_tokens_fn with a batch or padding: it is called with each row's batch index, "
                          "which a row-by-row batch does not keep; pass one prompt per call.")
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if callable(getattr(cache, "get_seq_length", None)) and cache.get_seq_length():
+        raise ValueError("Continuing from a filled cache with a batch or padding: the cache holds the whole batch's "
+                         "earlier tokens, which rows decoded one by one cannot share; pass one prompt per call.")
     if getattr(generation_config, "return_dict_in_generate", False):
         raise ValueError("return_dict_in_generate=True with a batch or padding: the stats and scores of a speculative "
                          "call are per unpadded sequence; pass one prompt per call, without padding.")
@@ -209,7 +213,7 @@ def fresh_cache(model, cache):
     """An empty cache like ``cache`` (a StaticCache keeps its length); anything else is handed on unchanged for
     the loop's own cache check to name."""
     if cache.get_seq_length() != 0:
-        return cache  # the loop refuses a filled cache
+        return cache  # `check_rows` refused a filled cache
     if isinstance(cache, StaticCache):  # the longest layer: sliding ones hold min(window, length)
         length = max(getattr(layer, "max_cache_len", 0) or 0 for layer in cache.layers)
         return StaticCache(config=model.config, max_cache_len=length)

@@ -117,7 +117,7 @@ class DecodingSession:
 
     def prefill(self) -> None:
         """Run the prompt exactly as ``generate()`` does and emit the first token; `features` then holds the
-        prompt's tapped states ``[T, F]``."""
+        prompt's tapped states ``[T, F]`` (continuing from a filled cache of P tokens: the rest's, ``[T - P, F]``)."""
         self._start = self.timer.now()
         logits, positions = prefill(self.model, self.ids, self.model_kwargs)
         self.position_offset = position_offset(self.model, self.ids.shape[1], positions)
