@@ -5,6 +5,8 @@
     python tests/fuzz.py batch 0 80         # left-padded batches of 1-5 rows, every strategy of test_batches
     python tests/fuzz.py sample 0 60        # sampling: JetSpec "match" (oracle and head), suffix, Jacobi draw for
                                             # draw against plain sampling with the same seed and warpers
+    python tests/fuzz.py continue 0 100     # continuing from a filled cache (test_continuation's sweep): every
+                                            # strategy == plain greedy from the same cache
 
 Prints every failing case with its settings and the count at the end (exit status 1 if any failed). Not collected
 by pytest (too slow for the suite: ~4-15 s per case on 2 cores); the suite runs the same checks at fixed indices.
@@ -20,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_batches as tb  # noqa: E402
+import test_continuation as tc  # noqa: E402
 import test_equivalence as te  # noqa: E402
 import test_jacobi as tj  # noqa: E402
 import torch  # noqa: E402
@@ -113,9 +116,17 @@ def sample(i: int) -> list[str]:
     return problems
 
 
+def continuation(i: int) -> list[str]:
+    try:
+        tc.test_every_strategy_continues_a_filled_cache_like_plain_greedy(i)
+    except Exception as e:  # noqa: BLE001
+        return [f"{type(e).__name__}: {str(e)[:600]}"]
+    return []
+
+
 def main(argv: list[str]) -> int:
     mode, start, stop = argv[0], int(argv[1]), int(argv[2])
-    check, failed, began = {"greedy": greedy, "batch": batch, "sample": sample}[mode], 0, time.time()
+    check, failed, began = {"greedy": greedy, "batch": batch, "sample": sample, "continue": continuation}[mode], 0, time.time()
     for i in range(start, stop):
         for problem in check(i):
             failed += 1
