@@ -1,6 +1,8 @@
-"""Continuing from a filled cache (a conversation's earlier turns), as ``generate(input_ids, past_key_values=cache)``
-does: the whole sequence goes in, the prefill runs only the tokens after the cache, and every strategy returns plain
-greedy's tokens (plain sampling's, draw for draw). A cache an hf_jetspec call returned continues the next turn."""
+"""Prefills that do not run the whole prompt in one forward. Continuing from a filled cache (a conversation's earlier
+turns), as ``generate(input_ids, past_key_values=cache)`` does: the whole sequence goes in, the prefill runs only the
+tokens after the cache, and every strategy returns plain greedy's tokens (plain sampling's, draw for draw); a cache an
+hf_jetspec call returned continues the next turn. Chunked prefill (``prefill_chunk_size``): the prompt runs in
+forwards of at most that many tokens, as in plain ``generate()``."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import random
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 from helpers import TARGET_FAMILIES, ScrambledOracle, assert_same_tokens, make_target
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticCache
 
@@ -18,6 +22,8 @@ from hf_jetspec.cache import cache_kwarg
 from hf_jetspec.outputs import OUTPUT_CACHE_FIELD
 
 VOCAB = 128
+# transformers < 5.21's chunked prefill ignores a filled cache (it runs the cached tokens again after it)
+CHUNKS_AFTER_A_CACHE = Version(transformers.__version__) >= Version("5.21")
 # generate()'s cache argument: `cache` from transformers 5.24 (`past_key_values` then warns), `past_key_values` before
 CACHE = cache_kwarg(make_target("llama"))
 
@@ -30,7 +36,7 @@ def strategies(model, reference: torch.Tensor, seed: int) -> dict:
                                drafter=ScrambledOracle(reference, VOCAB, 6, seed=seed)),
         "jetspec-merged": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=12, retrieval=True,
                                node_cost=None, drafter=ScrambledOracle(reference, VOCAB, 6, seed=seed)),
-        "jetspec-head": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=8,
+        "jetspec-head": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=8, node_cost=None,
                              draft_head=JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)),
         "suffix": dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None),
         "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate, window=4),
@@ -154,7 +160,7 @@ def test_what_a_continuation_cannot_reproduce_is_refused_by_name():
         dynamic.generate(ids, **{CACHE: filled_cache(dynamic, ids, 6, "dynamic")}, **run)
 
 
-def test_a_multimodal_target_continues_without_a_cache_only():
+def test_a_multimodal_target_continues_without_a_cache_or_chunks_only():
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     torch.manual_seed(0)
@@ -171,3 +177,49 @@ def test_a_multimodal_target_continues_without_a_cache_only():
     with pytest.raises(ValueError, match="supported for text-only models; Gemma3ForConditionalGeneration"):
         model.generate(torch.cat((first.sequences, ids[:, :2]), dim=1), do_sample=False, max_new_tokens=3,
                        **{CACHE: getattr(first, OUTPUT_CACHE_FIELD)}, custom_generate=hf_jetspec.suffix_generate)
+    with pytest.raises(ValueError, match="prefill_chunk_size on Gemma3ForConditionalGeneration, a multimodal model"):
+        model.generate(ids, do_sample=False, max_new_tokens=3, prefill_chunk_size=4,
+                       custom_generate=hf_jetspec.suffix_generate)
+
+
+def forward_lengths(model) -> tuple[list[int], object]:
+    """The token count of every forward of ``model`` (a hook on its first decoder layer: a head embeds its blocks
+    with the target's embeddings) and the hook's handle."""
+    lengths = []
+    handle = model.model.layers[0].register_forward_hook(
+        lambda m, a, out: lengths.append((out[0] if isinstance(out, tuple) else out).shape[1]))
+    return lengths, handle
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_a_chunked_prefill_runs_in_chunks_and_changes_no_token(case):
+    """``prefill_chunk_size``: every strategy's first forwards are the chunks plain generate() runs (after a filled
+    cache, when there is one), and its tokens are plain greedy's with the same setting."""
+    rng = random.Random(case)
+    model = make_target(TARGET_FAMILIES[case % 3], seed=30 + case)
+    ids = torch.randint(3, VOCAB, (1, rng.randint(10, 40)), generator=torch.Generator().manual_seed(case))
+    cached = rng.choice([0, rng.randint(1, 8)])
+    chunk = rng.randint(2, 9)
+    cache = filled_cache(model, ids, cached, "dynamic") if cached else None
+    kwargs = dict(do_sample=False, max_new_tokens=rng.randint(5, 30), prefill_chunk_size=chunk)
+    lengths, handle = forward_lengths(model)
+    chunks = [min(chunk, ids.shape[1] - start) for start in range(cached, ids.shape[1], chunk)]
+    if cached and not CHUNKS_AFTER_A_CACHE:  # nothing to compare with but the unchunked prefill
+        plain = model.generate(ids, **{**kwargs, "prefill_chunk_size": None}, **{CACHE: copy.deepcopy(cache)})
+    else:
+        plain = model.generate(ids, **kwargs, **({CACHE: copy.deepcopy(cache)} if cached else {}))
+        assert lengths[: len(chunks)] == chunks  # what plain generate() runs
+    for name, extra in strategies(model, plain, seed=case).items():
+        lengths.clear()
+        out = model.generate(ids, **kwargs, **extra, **({CACHE: copy.deepcopy(cache)} if cached else {}))
+        assert_same_tokens(plain, out, f"[case {case} chunk {chunk} cached {cached} {name}]")
+        assert lengths[: len(chunks)] == chunks, (name, lengths[: len(chunks) + 1])
+    handle.remove()
+
+
+def test_a_chunked_prefill_hf_jetspec_cannot_split_is_refused_by_name():
+    model = make_target("qwen3", seed=2)
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="prefill_chunk_size with inputs_embeds"):
+        model.generate(ids, inputs_embeds=model.get_input_embeddings()(ids), prefill_chunk_size=4, do_sample=False,
+                       max_new_tokens=3, custom_generate=hf_jetspec.jacobi_generate)

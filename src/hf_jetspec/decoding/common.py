@@ -123,21 +123,54 @@ def token_row_inputs(model_kwargs: dict) -> TokenRows | None:
     return TokenRows(rows) if rows else None
 
 
-def prefill(model, input_ids: torch.Tensor, model_kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+def prefill(model, input_ids: torch.Tensor, model_kwargs: dict, chunk_size: int | None = None,
+            after_forward=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the prompt through the target exactly as ``generate()`` does; return the last logits ``[1, V]`` (fp32)
-    and the position ids the forward ran with (``[..., 1, T]``; None where the model made its own).
+    and the position ids the last forward ran with (``[..., 1, n]``; None where the model made its own).
 
     ``model_kwargs`` is what ``generate()`` handed to the decoding method (cache included); it is not modified.
+    Only the tokens after a filled cache run. ``chunk_size`` (``generation_config.prefill_chunk_size``): they run
+    in forwards of at most that many tokens, as ``generate()``'s chunked prefill does (a long prompt's activations
+    then never exceed one chunk's); ``after_forward()`` is called after each forward.
     """
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    cached = cache.get_seq_length() if cache is not None else 0
-    if cached:  # continuing from a filled cache: run only the tokens after it, as generate()'s prefill slices them
-        model_kwargs = {**model_kwargs, "next_sequence_length": input_ids.shape[1] - cached}
-    inputs = model.prepare_inputs_for_generation(input_ids, is_first_iteration=True, **model_kwargs)
-    for key in ("cache", "past_key_values"):
-        if model_kwargs.get(key) is not None and inputs.get(key) is None:
-            # The model dropped the (still empty) cache, as Phi-3 does for a prompt past its longrope switch:
-            # generate() then takes the cache the forward creates; the loops keep theirs, so fill that one.
-            inputs[key] = model_kwargs[key]
-    out = model(**inputs, return_dict=True)
+    cached, length = (cache.get_seq_length() if cache is not None else 0), input_ids.shape[1]
+    size = chunk_size or length
+    if size < length - cached:
+        check_chunking(model, model_kwargs, size)
+    for start in range(cached, length, size):
+        end = min(start + size, length)
+        kwargs = model_kwargs if (start, end) == (0, length) else chunk_inputs(model_kwargs, end, end - start)
+        inputs = model.prepare_inputs_for_generation(input_ids[:, :end], is_first_iteration=True, **kwargs)
+        for key in ("cache", "past_key_values"):
+            if model_kwargs.get(key) is not None and inputs.get(key) is None:
+                # The model dropped the (still empty) cache, as Phi-3 does for a prompt past its longrope switch:
+                # generate() then takes the cache the forward creates; the loops keep theirs, so fill that one.
+                inputs[key] = model_kwargs[key]
+        out = model(**inputs, return_dict=True)
+        if after_forward is not None:
+            after_forward()
     return out.logits[:, -1].to(dtype=torch.float32, copy=True), inputs.get("position_ids")
+
+
+def chunk_inputs(model_kwargs: dict, end: int, count: int) -> dict:
+    """``model_kwargs`` for a prefill forward over the ``count`` tokens before ``end`` (the cache holds the rest):
+    per-token inputs cut at ``end``, and ``next_sequence_length`` for ``prepare_inputs_for_generation`` to take the
+    last ``count``, as ``generate()``'s prefill does."""
+    kwargs = {**model_kwargs, "next_sequence_length": count}
+    for key in ("attention_mask", "position_ids", "token_type_ids"):
+        if isinstance(kwargs.get(key), torch.Tensor):
+            kwargs[key] = kwargs[key][..., :end]
+    return kwargs
+
+
+def check_chunking(model, model_kwargs: dict, size: int) -> None:
+    """Refuse, by name, a chunked prefill hf_jetspec does not split as ``generate()`` does."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"prefill_chunk_size must be a positive integer, got {size!r}")
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("prefill_chunk_size with inputs_embeds: the chunked prefill splits token ids; pass input_ids "
+                         "only, or no prefill_chunk_size.")
+    if model.config.get_text_config() is not model.config:
+        raise ValueError(f"prefill_chunk_size on {type(model).__name__}, a multimodal model (generate() splits its "
+                         "encoded images and audio between chunks): pass no prefill_chunk_size.")

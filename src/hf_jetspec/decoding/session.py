@@ -116,13 +116,17 @@ class DecodingSession:
     # ------------------------------------------------------------------------------------------------ steps
 
     def prefill(self) -> None:
-        """Run the prompt exactly as ``generate()`` does and emit the first token; `features` then holds the
-        prompt's tapped states ``[T, F]`` (continuing from a filled cache of P tokens: the rest's, ``[T - P, F]``)."""
+        """Run the prompt exactly as ``generate()`` does (in chunks with ``prefill_chunk_size``) and emit the first
+        token; `features` then holds the prompt's tapped states ``[T, F]`` (continuing from a filled cache of P
+        tokens: the rest's, ``[T - P, F]``)."""
         self._start = self.timer.now()
-        logits, positions = prefill(self.model, self.ids, self.model_kwargs)
+        parts = []  # each prefill forward's tapped states (several with a chunked prefill)
+        logits, positions = prefill(self.model, self.ids, self.model_kwargs,
+                                    getattr(self.generation_config, "prefill_chunk_size", None),
+                                    after_forward=lambda: parts.append(self._tapped()))
         self.position_offset = position_offset(self.model, self.ids.shape[1], positions)
         self.row_inputs = token_row_inputs(self.model_kwargs)
-        self.features = self._tapped()
+        self.features = None if parts[-1] is None else parts[0] if len(parts) == 1 else torch.cat(parts)
         self.stats.prefill_time = self.timer.now() - self._start
         scores = self.selector.scores(self.ids, logits)
         self.writer.emit(self.selector.choose(scores), scores, logits)
