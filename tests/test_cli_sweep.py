@@ -10,7 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hf_jetspec.cli import GENERATE_STRATEGIES, main
+from hf_jetspec.cli import main
+from hf_jetspec.cli_parser import GENERATE_STRATEGIES
 
 SWEEP = settings(deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

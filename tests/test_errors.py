@@ -4,7 +4,6 @@ naming the problem) before anything is allocated, written or deleted (issue 19, 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -15,7 +14,8 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 import hf_jetspec
 from hf_jetspec import JetSpecHead, bench, limits, models
-from hf_jetspec.cli import build_parser, main
+from hf_jetspec.cli import main
+from hf_jetspec.cli_parser import build_parser
 from hf_jetspec.tree import DraftTree
 
 

@@ -10,7 +10,7 @@ from helpers import assert_same_tokens, make_target
 import hf_jetspec
 from hf_jetspec import bench
 from hf_jetspec.calibration import measure_cost_curve
-from hf_jetspec.cli import GENERATE_STRATEGIES, build_parser
+from hf_jetspec.cli_parser import GENERATE_STRATEGIES, build_parser
 from hf_jetspec.strategies import STRATEGIES, Resources, StrategySpec, get_strategy
 
 
