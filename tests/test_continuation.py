@@ -97,7 +97,7 @@ def test_a_conversation_continues_from_the_cache_each_turn_returned(family):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_sampling_from_a_filled_cache_is_plain_sampling_draw_for_draw(seed):
-    """With the same seed, JetSpec ("match") and suffix decoding from a filled cache return plain sampling's
+    """With the same seed, JetSpec ("match"), suffix and Jacobi decoding from a filled cache return plain sampling's
     tokens from that cache."""
     model = make_target("qwen3", seed=seed)
     ids = torch.randint(3, VOCAB, (1, 14), generator=torch.Generator().manual_seed(seed))
@@ -107,7 +107,8 @@ def test_sampling_from_a_filled_cache_is_plain_sampling_draw_for_draw(seed):
     plain = model.generate(ids, **{CACHE: copy.deepcopy(cache)}, **kwargs)
     for name, extra in [("jetspec", dict(custom_generate=hf_jetspec.jetspec_generate, retrieval=False,
                                          drafter=ScrambledOracle(plain, VOCAB, 6, seed=seed))),
-                        ("suffix", dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None))]:
+                        ("suffix", dict(custom_generate=hf_jetspec.suffix_generate, node_cost=None)),
+                        ("jacobi", dict(custom_generate=hf_jetspec.jacobi_generate))]:
         torch.manual_seed(seed)
         out = model.generate(ids, **{CACHE: copy.deepcopy(cache)}, **kwargs, **extra)
         assert_same_tokens(plain, out, f"[seed {seed} {name}]")
