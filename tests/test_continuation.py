@@ -156,6 +156,19 @@ def test_what_a_continuation_cannot_reproduce_is_refused_by_name():
                        **{CACHE: filled_cache(model, ids, 4, "dynamic")}, **run)
     with pytest.raises(ValueError, match="filled cache with a batch"):
         model.generate(ids.repeat(2, 1), **{CACHE: filled_cache(model, ids.repeat(2, 1), 6, "dynamic")}, **run)
+    small = StaticCache(config=model.config, max_cache_len=14)
+    longer = torch.cat((ids, ids[:, :6]), dim=1)
+    with pytest.raises(ValueError, match="StaticCache has room for 14 more positions but the prompt runs 16"):
+        model.generate(longer, **{CACHE: copy.deepcopy(small)}, **run)
+    filled = copy.deepcopy(small)
+    with torch.no_grad():
+        model(ids, **{CACHE: filled}, use_cache=True)
+    with pytest.raises(ValueError, match="StaticCache has room for 4 more positions but the prompt runs 6"):
+        model.generate(longer, **{CACHE: filled}, **run)
+    for strategy in (hf_jetspec.suffix_generate, hf_jetspec.jacobi_generate):  # plain generate(): an IndexError
+        with pytest.raises(ValueError, match=r"StaticCache is full \(14 positions\)"):
+            model.generate(ids, **{CACHE: copy.deepcopy(small), **run, "max_new_tokens": 10,
+                                   "custom_generate": strategy})
     dynamic = tiny("llama", rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0))
     with pytest.raises(ValueError, match="RoPE frequencies change"):
         dynamic.generate(ids, **{CACHE: filled_cache(dynamic, ids, 6, "dynamic")}, **run)

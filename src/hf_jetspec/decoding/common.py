@@ -9,7 +9,7 @@ import transformers
 from packaging.version import Version
 
 from ..attention import check_target, sliding_window
-from ..cache import check_cache, full_layers
+from ..cache import check_cache, full_layers, room_left
 from ..config import cross_attention_layers
 from ..rope import rope_switch
 
@@ -51,8 +51,13 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
     if getattr(cache, "offloading", False):
         raise ValueError("Offloaded caches are not supported by hf_jetspec decoding.")
     check_cache(full_layers(cache, sliding_window(model)[0], getattr(generation_config, "max_length", None)))
-    if cache.get_seq_length():
-        check_continuation(model, input_ids, cache.get_seq_length(), model_kwargs, generation_config)
+    cached = int(cache.get_seq_length())
+    if cached:
+        check_continuation(model, input_ids, cached, model_kwargs, generation_config)
+    room = room_left(cache, cached)
+    if room is not None and room < input_ids.shape[1] - cached:
+        raise ValueError(f"The StaticCache has room for {room} more positions but the prompt runs "
+                         f"{input_ids.shape[1] - cached}: pass a longer one (max_cache_len) or a DynamicCache.")
     return cache
 
 
@@ -134,7 +139,7 @@ def prefill(model, input_ids: torch.Tensor, model_kwargs: dict, chunk_size: int 
     then never exceed one chunk's); ``after_forward()`` is called after each forward.
     """
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    cached, length = (cache.get_seq_length() if cache is not None else 0), input_ids.shape[1]
+    cached, length = (int(cache.get_seq_length()) if cache is not None else 0), input_ids.shape[1]
     size = chunk_size or length
     if size < length - cached:
         check_chunking(model, model_kwargs, size)

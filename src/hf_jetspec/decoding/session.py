@@ -92,6 +92,9 @@ class DecodingSession:
         """How many of ``wanted`` tree nodes (root included) the next step may verify: a StaticCache must hold them
         all; a DynamicCache takes any number."""
         room = room_left(self.cache, self.prefix)
+        if room is not None and room < 1:  # plain generate() fails here too, inside the cache (an IndexError)
+            raise ValueError(f"The StaticCache is full ({self.prefix} positions) and generation has not finished: "
+                             "pass a longer one (max_cache_len), a DynamicCache, or fewer max_new_tokens.")
         return wanted if room is None else max(1, min(wanted, room))
 
     def max_depth(self) -> int:
