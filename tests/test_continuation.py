@@ -237,3 +237,25 @@ def test_a_chunked_prefill_hf_jetspec_cannot_split_is_refused_by_name():
     with pytest.raises(ValueError, match="prefill_chunk_size with inputs_embeds"):
         model.generate(ids, inputs_embeds=model.get_input_embeddings()(ids), prefill_chunk_size=4, do_sample=False,
                        max_new_tokens=3, custom_generate=hf_jetspec.jacobi_generate)
+
+
+def test_a_model_whose_input_preparation_ignores_the_cache_is_refused_by_name():
+    """A ``prepare_inputs_for_generation`` that drops ``next_sequence_length`` would run the cached tokens again
+    (plain ``generate()`` then returns other tokens than without a cache): refused, continuation and chunks alike."""
+    from transformers import LlamaForCausalLM
+
+    class Unsliced(LlamaForCausalLM):
+        def prepare_inputs_for_generation(self, input_ids, next_sequence_length=None, **kwargs):
+            return super().prepare_inputs_for_generation(input_ids, **kwargs)
+
+    base = make_target("llama", seed=3)
+    model = Unsliced(base.config).eval()
+    model.load_state_dict(base.state_dict())
+    model.generation_config = base.generation_config
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    run = dict(do_sample=False, max_new_tokens=4, custom_generate=hf_jetspec.jacobi_generate)
+    assert_same_tokens(base.generate(ids, do_sample=False, max_new_tokens=4), model.generate(ids, **run))
+    with pytest.raises(ValueError, match="Unsliced's prepare_inputs_for_generation does not cut the input"):
+        model.generate(ids, **{CACHE: filled_cache(model, ids, 5, "dynamic")}, **run)
+    with pytest.raises(ValueError, match="8 instead of 4"):  # the second chunk
+        model.generate(ids, prefill_chunk_size=4, **run)

@@ -147,6 +147,8 @@ def prefill(model, input_ids: torch.Tensor, model_kwargs: dict, chunk_size: int 
         end = min(start + size, length)
         kwargs = model_kwargs if (start, end) == (0, length) else chunk_inputs(model_kwargs, end, end - start)
         inputs = model.prepare_inputs_for_generation(input_ids[:, :end], is_first_iteration=True, **kwargs)
+        if kwargs is not model_kwargs:
+            check_sliced(model, inputs, end - start)
         for key in ("cache", "past_key_values"):
             if model_kwargs.get(key) is not None and inputs.get(key) is None:
                 # The model dropped the (still empty) cache, as Phi-3 does for a prompt past its longrope switch:
@@ -167,6 +169,17 @@ def chunk_inputs(model_kwargs: dict, end: int, count: int) -> dict:
         if isinstance(kwargs.get(key), torch.Tensor):
             kwargs[key] = kwargs[key][..., :end]
     return kwargs
+
+
+def check_sliced(model, inputs: dict, count: int) -> None:
+    """Raise ``ValueError`` unless the model's ``prepare_inputs_for_generation`` kept only the last ``count`` tokens
+    (a model whose own version ignores ``next_sequence_length`` would run the cached tokens again)."""
+    fed = next((inputs[k] for k in ("input_ids", "inputs_embeds") if isinstance(inputs.get(k), torch.Tensor)), None)
+    if fed is not None and fed.shape[1] != count:
+        raise ValueError(f"{type(model).__name__}'s prepare_inputs_for_generation does not cut the input to the "
+                         f"tokens after the cache ({fed.shape[1]} instead of {count}): continuing from a filled cache "
+                         "and chunked prefill are not supported for it; pass the whole prompt without a cache or "
+                         "prefill_chunk_size.")
 
 
 def check_chunking(model, model_kwargs: dict, size: int) -> None:
