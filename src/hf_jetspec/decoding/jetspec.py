@@ -15,7 +15,7 @@ from ..drafters import Drafter, HeadDrafter
 from ..head import JetSpecHead
 from ..limits import check_range, check_tree_limits
 from ..models import as_draft_head
-from ..retrieval import DEFAULT_RETRIEVAL_DEPTH, RetrievalDrafter, resolve_retrieval
+from ..retrieval import DEFAULT_RETRIEVAL_DEPTH, resolve_retrieval
 from ..tree import TREE_BUILDERS, DraftTree, merged_tree, sampled_tree
 from .rows import per_row
 from .session import DecodingSession
