@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, StaticC
 import hf_jetspec
 from hf_jetspec import JetSpecHead
 from hf_jetspec.cache import cache_kwarg
+from hf_jetspec.kernels import kernel_available
 from hf_jetspec.outputs import OUTPUT_CACHE_FIELD
 
 VOCAB = 128
@@ -259,3 +260,18 @@ def test_a_model_whose_input_preparation_ignores_the_cache_is_refused_by_name():
         model.generate(ids, **{CACHE: filled_cache(model, ids, 5, "dynamic")}, **run)
     with pytest.raises(ValueError, match="8 instead of 4"):  # the second chunk
         model.generate(ids, prefill_chunk_size=4, **run)
+
+
+@pytest.mark.skipif(not kernel_available("cpu"), reason="needs Triton imported with TRITON_INTERPRET=1 (conftest.py)")
+def test_tree_steps_through_the_kernel_continue_a_filled_cache():
+    """The Triton tree-attention kernel (interpreted here) attends to the cached turns as to any prefix."""
+    model = make_target("qwen3", seed=13)
+    ids = torch.randint(3, VOCAB, (1, 15), generator=torch.Generator().manual_seed(13))
+    cache = filled_cache(model, ids, 7, "dynamic")
+    plain = model.generate(ids, do_sample=False, max_new_tokens=20, **{CACHE: copy.deepcopy(cache)})
+    out = model.generate(ids, do_sample=False, max_new_tokens=20, **{CACHE: copy.deepcopy(cache)},
+                         custom_generate=hf_jetspec.jetspec_generate, retrieval=False, tree_budget=12,
+                         drafter=ScrambledOracle(plain, VOCAB, 8, seed=13), tree_kernel=True,
+                         return_dict_in_generate=True)
+    assert_same_tokens(plain, out.sequences, "[kernel]")
+    assert max(out.accept_lengths) > 1
