@@ -235,6 +235,10 @@ def test_a_chunked_prefill_runs_in_chunks_and_changes_no_token(case):
 def test_a_chunked_prefill_hf_jetspec_cannot_split_is_refused_by_name():
     model = make_target("qwen3", seed=2)
     ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match=f"prefill_chunk_size must be a positive integer \\(or None\\), got {bad}"):
+            model.generate(ids, prefill_chunk_size=bad, do_sample=False, max_new_tokens=3,
+                           custom_generate=hf_jetspec.suffix_generate)
     with pytest.raises(ValueError, match="prefill_chunk_size with inputs_embeds"):
         model.generate(ids, inputs_embeds=model.get_input_embeddings()(ids), prefill_chunk_size=4, do_sample=False,
                        max_new_tokens=3, custom_generate=hf_jetspec.jacobi_generate)

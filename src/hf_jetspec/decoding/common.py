@@ -140,9 +140,11 @@ def prefill(model, input_ids: torch.Tensor, model_kwargs: dict, chunk_size: int 
     """
     cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
     cached, length = (int(cache.get_seq_length()) if cache is not None else 0), input_ids.shape[1]
+    if chunk_size is not None and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1):
+        raise ValueError(f"prefill_chunk_size must be a positive integer (or None), got {chunk_size!r}")
     size = chunk_size or length
     if size < length - cached:
-        check_chunking(model, model_kwargs, size)
+        check_chunking(model, model_kwargs)
     for start in range(cached, length, size):
         end = min(start + size, length)
         kwargs = model_kwargs if (start, end) == (0, length) else chunk_inputs(model_kwargs, end, end - start)
@@ -182,10 +184,8 @@ def check_sliced(model, inputs: dict, count: int) -> None:
                          "prefill_chunk_size.")
 
 
-def check_chunking(model, model_kwargs: dict, size: int) -> None:
+def check_chunking(model, model_kwargs: dict) -> None:
     """Refuse, by name, a chunked prefill hf_jetspec does not split as ``generate()`` does."""
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ValueError(f"prefill_chunk_size must be a positive integer, got {size!r}")
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("prefill_chunk_size with inputs_embeds: the chunked prefill splits token ids; pass input_ids "
                          "only, or no prefill_chunk_size.")
