@@ -3,6 +3,7 @@
     .venv/bin/python docs/family_sweep.py                       # all families, a Markdown table on stdout
     .venv/bin/python docs/family_sweep.py llama gemma4_text     # some families
     .venv/bin/python docs/family_sweep.py --json docs/results/family_sweep.json
+    .venv/bin/python docs/family_sweep.py --prefill               # continuing from a filled cache, chunked prefill
 
 A regression net for transformers upgrades (each release adds families). For each model type of
 ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``: build it from its default config shrunk to a few layers of width 32 (a second
@@ -14,6 +15,10 @@ try keeps the default layer count and head size, which some configs tie to other
 * ``head``: JetSpec with an untrained head sized for the target by ``JetSpecHead.for_target`` (its taps, the merged
   tree and the cost-curve timing);
 * ``suffix``, ``jacobi``: the training-free strategies.
+
+With ``--prefill`` the strategies are ``tree`` and ``suffix`` on two other prefills, each against plain greedy with
+the same setting: ``continue`` (a cache already holding the prompt's first 4 tokens, as a chat's earlier turns) and
+``chunks`` (``prefill_chunk_size=3``); a setting plain ``generate()`` itself fails on is left out.
 
 Outcomes per family: ``lossless`` (every strategy returned plain greedy's tokens), ``refused`` (every strategy
 raised hf_jetspec's ValueError naming the problem), ``partly refused`` (some strategies lossless, the others
@@ -40,7 +45,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 import hf_jetspec
 from hf_jetspec import JetSpecHead
-from hf_jetspec.cache import cache_kwarg
+from hf_jetspec.attention import sliding_window
+from hf_jetspec.cache import cache_kwarg, full_layers
 from hf_jetspec.drafters import ScrambledOracleDrafter
 
 VOCAB = 96
@@ -86,6 +92,30 @@ def strategies(model, reference: torch.Tensor) -> dict:
     }
 
 
+def prefill_cases(model, prompt: torch.Tensor) -> dict:
+    """``name -> (make kwargs, plain greedy's tokens with the same prefill)`` for ``--prefill``."""
+    key = cache_kwarg(model)
+
+    def filled():
+        cache = full_layers(DynamicCache(config=model.config), sliding_window(model)[0])
+        with torch.no_grad():
+            model(prompt[:, :4], use_cache=True, **{key: cache})
+        return {key: cache}
+
+    cases = {}
+    for setting, extra in (("continue", filled), ("chunks", lambda: {"prefill_chunk_size": 3})):
+        try:
+            expected = model.generate(prompt, do_sample=False, max_new_tokens=16, **extra())
+        except Timeout:
+            raise
+        except Exception:  # noqa: BLE001 (plain generate() fails on this prefill: nothing to compare with)
+            continue
+        for name in ("tree", "suffix"):
+            make = strategies(model, expected)[name]
+            cases[f"{setting}-{name}"] = (lambda make=make, extra=extra: {**make(), **extra()}, expected)
+    return cases
+
+
 @torch.no_grad()
 def forward_drift(model, ids: torch.Tensor) -> float:
     """Largest difference between the last position's logits of one forward over ``ids [1, T]`` and of one-token
@@ -99,7 +129,7 @@ def forward_drift(model, ids: torch.Tensor) -> float:
     return float((step - full).abs().max() / full.std().clamp(min=1e-6))
 
 
-def sweep_family(model_type: str) -> dict:
+def sweep_family(model_type: str, prefill: bool = False) -> dict:
     prompt = torch.randint(3, VOCAB - 6, (1, 7), generator=torch.Generator().manual_seed(1))
     errors = []
     for shrink_depth in (True, False):
@@ -114,10 +144,14 @@ def sweep_family(model_type: str) -> dict:
     else:
         return {"outcome": "not built", "detail": errors[-1]}
     results = {}
-    for name, kwargs in strategies(model, reference).items():
+    cases = prefill_cases(model, prompt) if prefill else \
+        {name: (make, reference) for name, make in strategies(model, reference).items()}
+    if not cases:
+        return {"outcome": "not built", "detail": "plain generate() fails on both prefills"}
+    for name, (kwargs, expected) in cases.items():
         try:
             out = model.generate(prompt, do_sample=False, max_new_tokens=16, **kwargs())
-            results[name] = "OK" if torch.equal(out, reference) else "DIFF"
+            results[name] = "OK" if torch.equal(out, expected) else "DIFF"
         except Timeout:
             raise
         except Exception as e:  # noqa: BLE001
@@ -147,6 +181,7 @@ def main(argv=None) -> int:
     p.add_argument("families", nargs="*", help="model types (default: every causal-LM family)")
     p.add_argument("--timeout", type=int, default=90, help="seconds per family")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--prefill", action="store_true", help="continuing from a filled cache and chunked prefill instead")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     transformers.logging.set_verbosity_error()
@@ -157,7 +192,7 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         signal.alarm(args.timeout)
         try:
-            results[model_type] = sweep_family(model_type)
+            results[model_type] = sweep_family(model_type, args.prefill)
         except Timeout:
             results[model_type] = {"outcome": "not built", "detail": f"over {args.timeout} s"}
         finally:
