@@ -361,8 +361,10 @@ def cmd_export_vllm(args) -> int:
 # ---------------------------------------------------------------------------------------------------------- main
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "calibrate": cmd_calibrate, "convert-gguf": cmd_convert,
-            "export-vllm": cmd_export_vllm}
+def command(name: str):
+    """The function running subcommand ``name`` (looked up at each call)."""
+    return {"generate": cmd_generate, "bench": cmd_bench, "calibrate": cmd_calibrate, "convert-gguf": cmd_convert,
+            "export-vllm": cmd_export_vllm}[name]
 
 
 def _error(message) -> int:
@@ -387,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         check_arguments(args)
         with quiet_libraries(getattr(args, "verbose", False)):
-            return COMMANDS[args.command](args)
+            return command(args.command)(args)
     except SystemExit as done:  # --help, --version, or an argument error (already printed)
         return done.code if isinstance(done.code, int) else 0 if done.code is None else 2
     except (CLIError, ValueError, OSError) as err:
