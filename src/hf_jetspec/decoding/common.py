@@ -61,6 +61,11 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
     return cache
 
 
+def composite(model) -> bool:
+    """Whether ``model``'s config nests a text config (a multimodal model: its prefill depends on encoded media)."""
+    return model.config.get_text_config() is not model.config
+
+
 def check_continuation(model, input_ids: torch.Tensor, cached: int, model_kwargs: dict, generation_config) -> None:
     """A call continuing from a cache that already holds ``cached`` tokens (a conversation's earlier turns): as in
     ``generate()``, ``input_ids`` is the whole sequence, those tokens included, and the prefill runs the rest. Refuse
@@ -75,7 +80,7 @@ def check_continuation(model, input_ids: torch.Tensor, cached: int, model_kwargs
         raise ValueError(f"attention_mask covers {mask_length} tokens and input_ids {length}: when continuing from "
                          "a filled cache, pass the whole sequence (cached tokens included) as input_ids, with a mask "
                          "of the same length.")
-    if model.config.get_text_config() is not model.config or cross_attention_layers(model):
+    if composite(model) or cross_attention_layers(model):
         raise ValueError(f"Continuing from a filled cache is supported for text-only models; {type(model).__name__} "
                          "is multimodal (its position ids and cross-attention depend on the earlier turns' inputs): "
                          "pass the whole conversation without a cache.")
@@ -189,6 +194,6 @@ def check_chunking(model, model_kwargs: dict) -> None:
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("prefill_chunk_size with inputs_embeds: the chunked prefill splits token ids; pass input_ids "
                          "only, or no prefill_chunk_size.")
-    if model.config.get_text_config() is not model.config:
+    if composite(model):
         raise ValueError(f"prefill_chunk_size on {type(model).__name__}, a multimodal model (generate() splits its "
                          "encoded images and audio between chunks): pass no prefill_chunk_size.")
