@@ -189,6 +189,17 @@ def test_a_target_left_on_the_meta_device_is_refused():
         JetSpecHead.for_target(empty)
 
 
+def test_a_head_left_on_the_meta_device_is_refused():
+    model = make_target("llama")
+    head = JetSpecHead.for_target(model, block_size=6).to("meta")
+    with pytest.raises(ValueError, match="draft head's weights are on the meta device"):
+        model.generate(torch.tensor([[5, 6, 7]]), do_sample=False, max_new_tokens=4,
+                       custom_generate=hf_jetspec.jetspec_generate, draft_head=head)
+    with pytest.raises(ValueError, match="draft head's weights are on the meta device"):
+        hf_jetspec.enable(model).generate(torch.tensor([[5, 6, 7]]), do_sample=False, max_new_tokens=4,
+                                          assistant_model=head)
+
+
 # ------------------------------------------------------------------------------------------------ 3. head loading
 
 

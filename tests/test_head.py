@@ -359,6 +359,19 @@ def test_head_dtype_policy():
     assert head_dtype(torch.zeros(1)) == (torch.bfloat16 if fast else torch.float32)
     for dtype in (torch.bfloat16, torch.float16):
         assert head_dtype(torch.zeros(1, dtype=dtype)) == dtype
+    # an offloaded target's parameters sit on meta; the policy follows the device it computes on
+    meta = torch.zeros(1, device="meta")
+    assert head_dtype(meta) == torch.float32
+    assert head_dtype(meta, torch.device("cpu")) == head_dtype(torch.zeros(1))
+
+
+def test_same_device_reads_the_default_index():
+    from hf_jetspec.drafters import same_device
+
+    assert same_device(torch.device("cuda"), torch.device("cuda:0"))
+    assert same_device(torch.device("cpu"), torch.device("cpu"))
+    assert not same_device(torch.device("cuda:1"), torch.device("cuda"))
+    assert not same_device(torch.device("cpu"), torch.device("cuda:0"))
 
 
 def test_draft_vocabulary(tmp_path, family):

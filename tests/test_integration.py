@@ -299,9 +299,10 @@ def test_custom_generate_folder(tmp_path):
 
 
 @pytest.mark.parametrize("offload", ["cpu_offload", "dispatch_model"])
-def test_accelerate_offloaded_target(offload):
+def test_accelerate_offloaded_target(offload, tmp_path):
     """accelerate's offloading leaves the weights on ``meta`` and moves them in per forward: every strategy (the
-    measured cost curve of the default merged tree included) must find the execution device, and stay lossless."""
+    measured cost curve of the default merged tree included) must find the execution device, and stay lossless; a
+    head loaded by folder for it, or made for it, lands on that device, not on ``meta``."""
     import copy
 
     from accelerate import cpu_offload, dispatch_model
@@ -324,6 +325,11 @@ def test_accelerate_offloaded_target(offload):
         "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate),
         "assistant": dict(assistant_model=JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1)),
     }
+    JetSpecHead.for_target(model, block_size=6, num_hidden_layers=1).save_pretrained(tmp_path / "head")
+    made = JetSpecHead.for_target(offloaded, block_size=6, num_hidden_layers=1)
+    assert made.fc.weight.device == torch.device("cpu")
+    calls |= {"head-folder": dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=str(tmp_path / "head")),
+              "head-made": dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=made)}
     target = hf_jetspec.enable(offloaded)
     for name, kwargs in calls.items():
         out = target.generate(PROMPT, max_new_tokens=24, do_sample=False, **kwargs)

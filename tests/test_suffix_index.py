@@ -326,6 +326,21 @@ def test_save_load_round_trip(corpus, tmp_path, name):
         assert (a is None and b is None) or (a.paths() == b.paths() and a.totals == b.totals)
 
 
+def test_copies_and_pickles_find_the_same_matches(corpus):
+    """A head carries its datastore: ``copy.deepcopy(head)`` and pickling (torch.save, multiprocessing) must work
+    and the copy must look up what the original does (its bytes view and memoryview are rebuilt, not copied)."""
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(3)
+    for clone in (copy.deepcopy(corpus), pickle.loads(pickle.dumps(corpus)), copy.copy(corpus)):
+        assert clone._sa_view.obj is not None and clone.num_tokens == corpus.num_tokens
+        for _ in range(20):
+            context = rng.integers(0, 10, 6)
+            a, b = (index.lookup(context, max_depth=4, max_occurrences=5) for index in (corpus, clone))
+            assert (a is None and b is None) or (a.paths() == b.paths() and a.totals == b.totals)
+
+
 def test_save_without_suffix_array_rebuilds_it(corpus, tmp_path):
     full = corpus.save(tmp_path / "full.safetensors")
     small = corpus.save(tmp_path / "small.safetensors", suffix_array=False)

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from .devices import execution_device
 from .head import HeadContext, JetSpecHead
 
 
@@ -40,7 +41,7 @@ class HeadDrafter:
         if not isinstance(head, JetSpecHead):
             raise TypeError(f"draft_head must be a JetSpecHead, got {type(head).__name__}")
         head.check_target(target)
-        self.head = head.eval()
+        self.head = head_on_target_device(head, target).eval()
         self.embed = target.get_input_embeddings()
         self.lm_head = target.get_output_embeddings()
         if head.config.draft_vocab is not None:
@@ -70,6 +71,22 @@ class HeadDrafter:
             )
         self.pending = []
         return self.head.draft(self.context, new, int(ids[0, -1]), self.embed, self.lm_head, depth)
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one (``cuda`` and ``cuda:0`` are, with the default device 0)."""
+    return (a.type, a.index or 0) == (b.type, b.index or 0)
+
+
+def head_on_target_device(head: JetSpecHead, target) -> JetSpecHead:
+    """``head``, moved (in place, as ``head.to`` does) to the device the target computes on when it is elsewhere:
+    it drafts with the target's embeddings and LM head, so ``JetSpecHead.from_pretrained(...)`` (on the CPU) serves
+    a GPU target as given. A head never loaded (``meta``) is refused."""
+    device, where = head.fc.weight.device, execution_device(target)
+    if device.type == "meta":
+        raise ValueError("The draft head's weights are on the meta device (built under `torch.device('meta')` or "
+                         "`init_empty_weights`, never loaded): load it with JetSpecHead.from_pretrained(...)")
+    return head if same_device(device, where) else head.to(where)
 
 
 class DraftVocabProjection:

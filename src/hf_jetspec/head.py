@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from .attention import check_target
 from .config import JetSpecConfig, cross_attention_layers, default_target_layer_ids, target_size, target_value
+from .devices import execution_device
 from .features import decoder_layers
 from .hub import model_card, push_head
 
@@ -226,8 +227,7 @@ class JetSpecHead(PreTrainedModel):
             base_model=model.name_or_path or None,
         )
         fields.update(overrides)
-        param = next(model.parameters())
-        return cls(JetSpecConfig(**fields)).to(device=param.device, dtype=param.dtype)
+        return cls(JetSpecConfig(**fields)).to(device=execution_device(model), dtype=next(model.parameters()).dtype)
 
     def check_target(self, model: PreTrainedModel) -> None:
         """Raise ``ValueError`` listing every way ``model`` differs from the target this head was made for."""

