@@ -176,6 +176,21 @@ def test_a_length_no_forward_fits_is_named_as_the_length():
         assert "tree_budget" not in str(err.value) and "window" not in str(err.value)
 
 
+@pytest.mark.parametrize("ids, why", [([[5, -1, 7]], "token id -1, outside"), ([[5, 128, 7]], r"token id 128, outside"),
+                                     ([[5.0, 6.0]], "integer token ids, got a torch.float32"),
+                                     ([[True, False]], "integer token ids, got a torch.bool")])
+def test_ids_that_are_not_the_targets_tokens_are_named(ids, why):
+    """Plain generate() fails inside the embedding lookup (IndexError / RuntimeError); every loop, and a batch row,
+    names the problem instead."""
+    model = hf_jetspec.enable(make_target("llama"))  # vocabulary 128
+    head = JetSpecHead.for_target(model, block_size=6)
+    for kwargs in (dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=head), dict(assistant_model=head),
+                   dict(custom_generate=hf_jetspec.suffix_generate), dict(custom_generate=hf_jetspec.jacobi_generate)):
+        for prompt in (torch.tensor(ids), torch.tensor(ids * 2)):
+            with pytest.raises(ValueError, match=why):
+                model.generate(prompt, do_sample=False, max_new_tokens=4, **kwargs)
+
+
 def test_a_target_left_on_the_meta_device_is_refused():
     model = make_target("llama")
     with torch.device("meta"):

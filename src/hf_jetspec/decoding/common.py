@@ -35,6 +35,7 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
                              "read the prompt's tokens): pass input_ids (with inputs_embeds if the embeddings differ "
                              "from the token embeddings).")
         raise ValueError("The prompt is empty: give at least one token.")
+    check_token_ids(model, input_ids, model_kwargs)
     if synced_gpus:
         raise ValueError("synced_gpus is not supported by hf_jetspec decoding.")
     if getattr(generation_config, "output_attentions", False) or getattr(generation_config, "output_hidden_states", False):
@@ -59,6 +60,21 @@ def validate_call(model, input_ids: torch.Tensor, generation_config, synced_gpus
         raise ValueError(f"The StaticCache has room for {room} more positions but the prompt runs "
                          f"{input_ids.shape[1] - cached}: pass a longer one (max_cache_len) or a DynamicCache.")
     return cache
+
+
+def check_token_ids(model, input_ids: torch.Tensor, model_kwargs: dict) -> None:
+    """Refuse, by name, ``input_ids`` that are not token ids of this target (plain ``generate()`` fails inside the
+    embedding lookup): floating-point or bool tensors, and, when the embeddings come from ``input_ids``, ids outside
+    the embedding table."""
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got a {input_ids.dtype} tensor")
+    if model_kwargs.get("inputs_embeds") is not None:
+        return
+    rows = model.get_input_embeddings().weight.shape[0]
+    low, high = int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= rows:
+        raise ValueError(f"input_ids holds token id {low if low < 0 else high}, outside the target's embedding "
+                         f"table [0, {rows}): ids from another tokenizer, or an unset pad id (-1, -100)?")
 
 
 def composite(model) -> bool:
