@@ -191,6 +191,15 @@ def test_ids_that_are_not_the_targets_tokens_are_named(ids, why):
                 model.generate(prompt, do_sample=False, max_new_tokens=4, **kwargs)
 
 
+def test_saving_a_head_onto_a_file_is_refused(tmp_path):
+    """transformers' save_pretrained only logs "should be a directory, not a file" and saves nothing."""
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    with pytest.raises(ValueError, match="writes a folder, but .*notes.txt' is a file"):
+        JetSpecHead.for_target(make_target("llama"), block_size=6).save_pretrained(file)
+    assert file.read_text() == "mine"
+
+
 def test_a_target_left_on_the_meta_device_is_refused():
     model = make_target("llama")
     with torch.device("meta"):

@@ -312,6 +312,8 @@ class JetSpecHead(PreTrainedModel):
         """``PreTrainedModel.save_pretrained`` (config.json + model.safetensors) plus a README.md model card, and the
         retrieval datastore (``datastore.safetensors``) and calibration (``calibration.json``) when the head has
         them (``head.datastore``: a `CorpusIndex`; ``head.calibration``: a `Calibration`)."""
+        if os.path.isfile(save_directory):  # transformers only logs this and returns, having saved nothing
+            raise ValueError(f"save_pretrained writes a folder, but {os.fspath(save_directory)!r} is a file")
         super().save_pretrained(save_directory, *args, **kwargs)
         datastore, calibration = getattr(self, "datastore", None), getattr(self, "calibration", None)
         model_card(self.config, datastore, calibration).save(os.path.join(save_directory, "README.md"))
