@@ -7,6 +7,9 @@
                                             # draw against plain sampling with the same seed and warpers
     python tests/fuzz.py continue 0 100     # continuing from a filled cache (test_continuation's sweep): every
                                             # strategy == plain greedy from the same cache
+    python tests/fuzz.py shapes 0 160       # random config variants of 16 families (vocabulary, heads, KV heads,
+                                            # head size, depth, tied embeddings, bias, RoPE scaling, windows):
+                                            # JetSpec (oracle, untrained head), suffix, Jacobi == plain greedy
 
 Prints every failing case with its settings and the count at the end (exit status 1 if any failed). Not collected
 by pytest (too slow for the suite: ~4-15 s per case on 2 cores); the suite runs the same checks at fixed indices.
@@ -124,9 +127,86 @@ def continuation(i: int) -> list[str]:
     return []
 
 
+SHAPE_FAMILIES = ["llama", "qwen3", "qwen3_moe", "mistral", "qwen2", "gemma3_text", "olmo2", "phi3", "granite",
+                  "gemma2", "smollm3", "glm4", "cohere2", "exaone4", "ministral", "olmo3"]
+ROPES = [None, dict(rope_type="linear", factor=2.0), dict(rope_type="dynamic", factor=2.0),
+         dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=512),
+         dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=64)]
+
+
+def shaped_target(i: int):
+    """A random config variant of one of SHAPE_FAMILIES (vocabulary, width, heads, KV heads, head size, depth, tied
+    embeddings, attention bias, RoPE scaling, sliding windows): the shapes a user's model may have and the suite's
+    three fixed targets do not."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    rng = random.Random(i)
+    family = SHAPE_FAMILIES[i % len(SHAPE_FAMILIES)]
+    heads = rng.choice([2, 4, 8])
+    head_dim = rng.choice([8, 16, 32])
+    layers = rng.randint(1, 5)
+    config = AutoConfig.for_model(family)
+    kwargs = dict(vocab_size=rng.choice([64, 97, 128, 300]), hidden_size=heads * head_dim,
+                  num_hidden_layers=layers, num_attention_heads=heads,
+                  num_key_value_heads=rng.choice([h for h in (1, 2, heads) if heads % h == 0]),
+                  intermediate_size=rng.choice([32, 96, 160]), max_position_embeddings=1024, initializer_range=0.2,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=rng.random() < 0.5)
+    if hasattr(config, "head_dim"):
+        kwargs["head_dim"] = head_dim
+    if hasattr(config, "attention_bias"):
+        kwargs["attention_bias"] = rng.random() < 0.5
+    if family == "qwen3_moe":
+        kwargs |= dict(moe_intermediate_size=rng.choice([16, 48]), num_experts=4, num_experts_per_tok=2,
+                       decoder_sparse_step=1)
+    rope = rng.choice(ROPES)
+    if rope is not None and family not in ("gemma3_text", "cohere2", "exaone4", "gemma2"):
+        kwargs["rope_parameters"] = rope | dict(rope_theta=rng.choice([10000.0, 500000.0]))
+    window = rng.choice([None, None, 4, 16])
+    if window is not None and hasattr(config, "sliding_window"):
+        kwargs["sliding_window"] = window
+        if hasattr(config, "use_sliding_window"):
+            kwargs["use_sliding_window"] = True
+        if hasattr(config, "layer_types"):
+            kwargs["layer_types"] = [rng.choice(["sliding_attention", "full_attention"]) for _ in range(layers)]
+    config = AutoConfig.for_model(family, **kwargs)
+    torch.manual_seed(i)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 0, None
+    return model, family, kwargs
+
+
+def shapes(i: int) -> list[str]:
+    try:
+        model, family, kwargs = shaped_target(i)
+    except Exception as e:  # noqa: BLE001 - a config transformers itself rejects is not a finding
+        print(f"shapes case {i}: skipped, the config does not build: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        return []
+    rng, problems = random.Random(-i), []
+    vocab = model.config.vocab_size
+    base = torch.randint(3, vocab, (1, rng.randint(1, 12)), generator=torch.Generator().manual_seed(i))
+    prompt, new = base.repeat(1, rng.choice([1, 3])), rng.choice([5, 20, 40])
+    reference = greedy_reference(model, prompt, max_new_tokens=new)
+    runs = {
+        "jetspec-oracle": dict(custom_generate=hf_jetspec.jetspec_generate, tree_budget=rng.choice([2, 8, 24]),
+                               drafter=ScrambledOracle(reference, vocab, 6, seed=i)),
+        "jetspec-head": dict(custom_generate=hf_jetspec.jetspec_generate,
+                             draft_head=JetSpecHead.for_target(model, block_size=5, num_hidden_layers=1)),
+        "suffix": dict(custom_generate=hf_jetspec.suffix_generate),
+        "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate),
+    }
+    for name, extra in runs.items():
+        try:
+            assert_same_tokens(reference, model.generate(prompt, do_sample=False, max_new_tokens=new, **extra))
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{name} {family} {kwargs} {type(e).__name__}: {str(e)[:500]}")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     mode, start, stop = argv[0], int(argv[1]), int(argv[2])
-    check, failed, began = {"greedy": greedy, "batch": batch, "sample": sample, "continue": continuation}[mode], 0, time.time()
+    check, failed, began = {"greedy": greedy, "batch": batch, "sample": sample, "continue": continuation,
+                               "shapes": shapes}[mode], 0, time.time()
     for i in range(start, stop):
         for problem in check(i):
             failed += 1

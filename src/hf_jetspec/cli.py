@@ -1,4 +1,4 @@
-"""hf-jetspec: generate (streaming), bench (side by side), convert-gguf, export-vllm, train.
+"""hf-jetspec: generate (streaming), bench (side by side), calibrate, train, convert-gguf, export-vllm.
 
 Arguments, prompt files and output paths are checked before torch and transformers are imported (that takes
 seconds), so a mistake is one line at once; every user error is one line on stderr and exit status 2.

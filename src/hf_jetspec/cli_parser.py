@@ -15,7 +15,7 @@ GENERATE_STRATEGIES = tuple(name for name, spec in STRATEGIES.items() if "refere
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of models.DTYPES (not imported here: it needs torch)
 DEFAULT_REPEATS = 5  # timed repetitions of each side of --compare
 WARMUP_TOKENS = 16
-DESCRIPTION = "hf-jetspec: generate (streaming), bench (side by side), convert-gguf, export-vllm, train."
+DESCRIPTION = "hf-jetspec: generate (streaming), bench (side by side), calibrate, train, convert-gguf, export-vllm."
 
 
 class CLIError(Exception):
