@@ -444,7 +444,7 @@ def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path, ca
     assert taus and all(t >= 1.0 for t in taus)
     assert state["best_metric"] == max(taus)
     assert main([*args, "--dropout", "1.5"]) == 2  # one line on stderr, no traceback
-    assert "dropout must be in" in capsys.readouterr().err.splitlines()[-1]
+    assert "--dropout must be >= 0 and < 1, got 1.5" in capsys.readouterr().err.splitlines()[-1]
     # A head trained further records what it continued from.
     more = ["train", "--data", str(data), "--model", str(model_dir / "model"), "--output-dir", str(tmp_path / "more"),
             "--max-steps", "1", "--batch-size", "2", "--num-anchors", "4", "--eval-count", "1",

@@ -16,6 +16,7 @@ import hf_jetspec
 from hf_jetspec import JetSpecHead, bench, limits, models
 from hf_jetspec.cli import main
 from hf_jetspec.cli_parser import build_parser
+from hf_jetspec.training import trainer
 from hf_jetspec.tree import DraftTree
 
 
@@ -466,6 +467,34 @@ def test_training_data_problems_are_one_line(rows, message, model_dir, tmp_path,
     one_error_line(capsys, message, after_run=True)  # some checks need the target (its vocabulary) loaded
     assert main(["train", "--data", str(data), "--batch-size", "0", "--output-dir", str(tmp_path / "out")]) == 2
     assert "--batch-size must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--max-steps", "0"], "--max-steps must be >= 1 (or -1: train --epochs), got 0"),  # ran one step
+    (["--max-steps", "-5"], "--max-steps must be >= 1"),
+    (["--epochs", "0"], "--epochs must be > 0, got 0.0"),  # saved an untrained head as trained
+    (["--eval-steps", "0"], "--eval-steps must be >= 1"),
+    (["--save-steps", "-1"], "--save-steps must be >= 1"),
+    (["--early-stopping", "0"], "--early-stopping must be >= 1"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
+    (["--draft-vocab", "0"], "--draft-vocab must be >= 1"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--kd-temperature", "0"], "--kd-temperature must be > 0"),
+    (["--kd-temperature", "nan"], "--kd-temperature must be > 0, got nan"),
+    (["--depth-decay", "-0.5"], "--depth-decay must be > 0"),
+    (["--feature-noise", "-0.1"], "--feature-noise must be >= 0"),
+    (["--acceptance-loss", "-1"], "--acceptance-loss must be >= 0"),
+    (["--warmup-ratio", "1.5"], "--warmup-ratio must be >= 0 and < 1"),
+    (["--dropout", "1"], "--dropout must be >= 0 and < 1"),
+])
+def test_training_numbers_out_of_range_are_named(option, message, tmp_path, capsys):
+    """`hf-jetspec train` passed these to the Trainer as they were: `--max-steps 0` trained one step, `--epochs 0`
+    saved an untrained head with a model card; now the parser names the option before anything loads."""
+    out = tmp_path / "out"
+    assert main(["train", "--data", str(tmp_path / "rows.jsonl"), "--output-dir", str(out), *option]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+    assert trainer.parse_args(["--data", "x", "--output-dir", "y", "--max-steps", "3", "--epochs", "0"]).max_steps == 3
 
 
 @pytest.mark.parametrize("field, value, message", [

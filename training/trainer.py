@@ -384,10 +384,31 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("eval_count", "eval_train_count", "eval_decode_count"):
         if getattr(args, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    check_ranges(p, args)
     if args.eval_reference and not (args.eval_count and args.eval_train_count):
         p.error("--eval-reference compares the gap between held-out and trained rows: give --eval-count and "
                 "--eval-train-count too")
     return args
+
+
+def check_ranges(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Numbers the Trainer would take silently (``--max-steps 0`` ran one step, ``--epochs 0`` saved an untrained
+    head) or fail on mid-run (a zero KD temperature divides the logits by 0): one error naming the option."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        p.error(f"--max-steps must be >= 1 (or -1: train --epochs), got {args.max_steps}")
+    if args.max_steps == -1 and not args.epochs > 0:
+        p.error(f"--epochs must be > 0, got {args.epochs}")
+    for name in ("eval_steps", "save_steps", "logging_steps", "early_stopping", "max_prompt_tokens", "draft_vocab"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    positive = {"lr": args.lr, "kd_temperature": args.kd_temperature, "depth_decay": args.depth_decay}
+    for name, value in positive.items():
+        if value is not None and not value > 0:  # also refuses nan
+            p.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    for name, value, high in (("feature_noise", args.feature_noise, None), ("acceptance_loss", args.acceptance_loss,
+                              None), ("warmup_ratio", args.warmup_ratio, 1.0), ("dropout", args.dropout, 1.0)):
+        if value is not None and not (value >= 0 and (high is None or value < high)):
+            p.error(f"--{name.replace('_', '-')} must be >= 0{f' and < {high:g}' if high else ''}, got {value}")
 
 
 # what a run writes into --output-dir besides the Trainer's checkpoint-* folders
