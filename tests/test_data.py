@@ -288,6 +288,26 @@ def test_main_store_end_to_end(tmp_path, capsys):
         data.parse_args(["--store", str(store), "--out", str(tmp_path / "x.jsonl")])
 
 
+@pytest.mark.parametrize("option, message", [
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),  # was "range() arg 3 must not be zero"
+    (["--chunk-rows", "0"], "--chunk-rows must be >= 1"),  # was a traceback from the store
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--max-context-tokens", "-1"], "--max-context-tokens must be >= 1"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
+    (["--threads", "0"], "--threads must be >= 1"),  # ran with torch's default threads
+    (["--limit", "-1"], "--limit must be >= 0, got -1"),  # sliced the last prompt off and answered the rest
+    (["--temperature", "-0.5"], "--temperature must be >= 0"),
+    (["--temperature", "nan"], "--temperature must be >= 0, got nan"),
+])
+def test_generator_numbers_out_of_range_are_named(option, message, tmp_path, capsys):
+    """The answer generator's counts are checked before a model loads or a store folder is made."""
+    with pytest.raises(SystemExit) as stop:
+        data.parse_args(["--store", str(tmp_path / "answers"), "--source", "math", *option])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "answers").exists()
+    assert data.parse_args(["--store", "s", "--limit", "0", "--threads", "2"]).limit == 0
+
+
 def test_datastore_and_calibration_prompts_from_a_store(tmp_path, tokenizer):
     """The store's answers become a datastore (answers only, the tokenizer's fingerprint); calibration prompts are
     single-turn rows whose text renders back to the stored prompt, and their answers are left out of the

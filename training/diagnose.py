@@ -20,6 +20,7 @@ import torch
 from hf_jetspec.drafters import HeadDrafter
 from hf_jetspec.head import JetSpecHead
 
+from .argcheck import require_at_least
 from .features import FeatureStore, cap_prompts, read_rows, split_rows, target_states
 from .loss import head_block_hidden
 
@@ -108,6 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--anchor-stride", type=int, default=1, help="anchor at every n-th response position (1: all)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
+    require_at_least(p, args, count=0, eval_count=0, depths=1, max_prompt_tokens=1, anchor_stride=1)
     target, _ = load_target(args.model, "float32", None)
     head = JetSpecHead.from_pretrained(args.head).eval()
     train, held = split_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)

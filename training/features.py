@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 from hf_jetspec.features import FeatureTap
 from hf_jetspec.prompts import is_held_out
 
+from .argcheck import require_at_least
+
 
 def decoder_of(target):
     """The target's base decoder (returns post-norm ``last_hidden_state``), also through PEFT wrappers."""
@@ -280,6 +282,9 @@ def main(argv=None) -> int:
                    help="leave out rows whose states these feature stores already hold (e.g. recorded by the data "
                         "generator's --states-dir), so the trainer's --features can list them all")
     args = p.parse_args(argv)
+    require_at_least(p, args, eval_count=0, max_prompt_tokens=1)
+    if min(args.layers) < 0:
+        p.error(f"--layers must be target layer indices >= 0, got {args.layers}")
     train, _ = split_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
     if args.skip_stored:
         stored = FeatureStore(*args.skip_stored).ids

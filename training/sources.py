@@ -47,6 +47,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_jetspec.prompts import CODE_MATH_EVAL, is_held_out, mt_bench_prompts
 
+from .argcheck import require_at_least
 from .data import build_prompts, eos_token_ids, human_turns, load_sharegpt
 
 SOURCES = ("sharegpt-open", "sharegpt-turns", "leetcode", "math", "magpie")  # dedup priority order
@@ -615,6 +616,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     ct = sub.add_parser("counts", help="print each source's prompt counts after deduplication")
     ct.add_argument("--sources", default=",".join(SOURCES))
     args = parser.parse_args(argv)
+    if args.command in ("math", "magpie"):
+        require_at_least(parser, args, per_module=1, count=1, batch_size=1, max_new_tokens=1, threads=1)
+    if args.command == "magpie" and not (args.temperature > 0 and 0 < args.top_p <= 1):
+        parser.error(f"magpie samples: --temperature must be > 0 and --top-p in (0, 1], got {args.temperature} "
+                     f"and {args.top_p}")
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if args.command == "eval-set":

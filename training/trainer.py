@@ -23,6 +23,7 @@ from hf_jetspec.decoding.jetspec import jetspec_generate
 from hf_jetspec.files import json_field, refuse_foreign_files
 from hf_jetspec.head import JetSpecHead
 
+from .argcheck import require_at_least
 from .data import eos_token_ids
 from .features import (FeatureStore, cap_prompts, check_teacher, read_rows, split_rows, target_states,
                        teacher_transform)
@@ -378,12 +379,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.init_head and args.init_from_target:
         p.error("--init-head and --init-from-target both choose the starting weights: give one")
-    for name in ("batch_size", "grad_accum", "head_layers", "taps", "num_anchors", "max_length"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("eval_count", "eval_train_count", "eval_decode_count"):
-        if getattr(args, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    require_at_least(p, args, batch_size=1, grad_accum=1, head_layers=1, taps=1, num_anchors=1, max_length=1,
+                     eval_count=0, eval_train_count=0, eval_decode_count=0)
     check_ranges(p, args)
     if args.eval_reference and not (args.eval_count and args.eval_train_count):
         p.error("--eval-reference compares the gap between held-out and trained rows: give --eval-count and "
@@ -398,9 +395,8 @@ def check_ranges(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--max-steps must be >= 1 (or -1: train --epochs), got {args.max_steps}")
     if args.max_steps == -1 and not args.epochs > 0:
         p.error(f"--epochs must be > 0, got {args.epochs}")
-    for name in ("eval_steps", "save_steps", "logging_steps", "early_stopping", "max_prompt_tokens", "draft_vocab"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    require_at_least(p, args, eval_steps=1, save_steps=1, logging_steps=1, early_stopping=1, max_prompt_tokens=1,
+                     draft_vocab=1)
     positive = {"lr": args.lr, "kd_temperature": args.kd_temperature, "depth_decay": args.depth_decay}
     for name, value in positive.items():
         if value is not None and not value > 0:  # also refuses nan

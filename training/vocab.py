@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 from hf_jetspec.config import MIN_DRAFT_VOCAB
 
+from .argcheck import require_at_least
+
 
 def frequent_tokens(rows: Iterable[dict], size: int, always: Iterable[int] = (),
                     vocab_size: int | None = None) -> list[int]:
@@ -59,6 +61,7 @@ def main(argv=None) -> int:
                    help="rows the trainer set aside for evaluation (as its --eval-count; excluded here too)")
     p.add_argument("--seed", type=int, default=0, help="the trainer's --seed (which rows it set aside)")
     args = p.parse_args(argv)
+    require_at_least(p, args, size=1, eval_count=0)
     rows, _ = training_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
     head = JetSpecHead.from_pretrained(args.head)
     head.config.draft_vocab = frequent_tokens(rows, args.size, args.eos, head.config.vocab_size)
