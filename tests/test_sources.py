@@ -362,6 +362,13 @@ def test_store_summary_table_and_flush(tmp_path, capsys):
     answers.main([str(tmp_path), "--flush"])  # the pending fifth row becomes a chunk
     assert capsys.readouterr().out.splitlines()[2].startswith("| src | 3 | 5 | 3 | 10 |")
     assert (tmp_path / "src" / answers.PENDING).read_text() == ""
+    (tmp_path / "notes.txt").write_text("mine")
+    for argv, message in (([str(tmp_path / "nowhere")], "no answer store there"),  # was an empty table
+                          ([str(tmp_path), "--datastore", str(tmp_path / "notes.txt")], "a file; it names the folder")):
+        with pytest.raises(SystemExit):  # the second was a FileExistsError traceback
+            answers.main(argv)
+        assert message in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 def test_torn_chunk_is_skipped_by_readers_and_regenerated_by_writers(tmp_path):

@@ -278,6 +278,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="the tokenizer the answers were made with (default: the embedded SmolLM2's)")
     parser.add_argument("--with-prompts", action="store_true", help="index prompt + answer, not the answer alone")
     args = parser.parse_args(argv)
+    if not source_dirs(args.root):
+        parser.error(f"{args.root}: no answer store there (a folder of source folders with chunk files)")
+    if args.datastore is not None and args.datastore.exists() and not args.datastore.is_dir():
+        parser.error(f"--datastore {args.datastore}: a file; it names the folder datastore.safetensors goes into")
     if args.flush:
         for directory in source_dirs(args.root):
             AnswerStore(args.root, directory.name).flush()
