@@ -293,6 +293,12 @@ def test_output_paths_are_checked_before_the_run(prompts_file, tmp_path, monkeyp
     one_error_line(capsys, "--plots", "is a file, expected a folder")
     assert main(base + ["--json", str(tmp_path)]) == 2
     one_error_line(capsys, "--json", "is a folder")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["calibrate", str(empty), "--node-cost", "0.1", "--out", str(a_file)]) == 2  # was "[Errno 17]"
+    one_error_line(capsys, "--out", "is a file, expected a folder")
+    assert main(["export-vllm", "default", str(a_file)]) == 2
+    one_error_line(capsys, "out", "is a file, expected a folder")
     assert a_file.read_text() == "mine"
 
 

@@ -261,3 +261,7 @@ def check_arguments(args) -> None:
         args.prompt_list = limit_per_category(prompts, args.limit)
         if not args.prompt_list:
             raise CLIError(f"No prompts in {args.prompts}")
+    elif args.command in ("calibrate", "export-vllm"):  # both write into a folder: a file there was "[Errno 17]"
+        from .files import check_folder_path
+
+        check_folder_path(args.out, "--out" if args.command == "calibrate" else "out")
