@@ -13,6 +13,7 @@ applied in the tree mask (a mask per layer kind when full and sliding layers mix
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -129,7 +130,10 @@ def check_position_encoding(model) -> None:
 
 
 def current_implementation(model) -> str:
-    return model.config.get_text_config()._attn_implementation or "eager"
+    """The model's own attention implementation (also while another thread's tree step has switched it)."""
+    config = model.config.get_text_config()
+    switched = _SWITCHES.get(id(config))
+    return (switched is not None and switched.original) or config._attn_implementation or "eager"
 
 
 def _kernel_usable(device: torch.device) -> bool:
@@ -178,16 +182,34 @@ def plan_tree_attention(model, use_kernel: bool | None = None) -> TreeAttentionP
     )
 
 
+class _Switch:
+    """A model's attention switch: tree steps of concurrent calls (threads generating with the same model) take
+    ``lock`` in turn, so that one call's restore cannot land in another's tree forward."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.original: str | None = None  # the model's own implementation while switched
+
+
+_SWITCHES: dict[int, _Switch] = {}  # id(text config) -> its switch (a reused id only shares a lock)
+_SWITCHES_GUARD = threading.Lock()
+
+
 @contextmanager
 def attention_implementation(model, name: str):
-    """Temporarily run ``model``'s attention with ``name`` (no-op when it already does)."""
+    """Run ``model``'s attention with ``name`` inside (no-op when it already does), one tree step at a time per
+    model across threads. The setting lives on the shared config: forwards of other threads that are not tree steps
+    see it too (a flash_attention model's prefill then runs sdpa, the same attention)."""
     config = model.config.get_text_config()
-    previous = config._attn_implementation
-    if previous == name:
-        yield
-        return
-    config._attn_implementation = name
-    try:
-        yield
-    finally:
-        config._attn_implementation = previous
+    with _SWITCHES_GUARD:
+        switch = _SWITCHES.setdefault(id(config), _Switch())
+    with switch.lock:
+        previous = config._attn_implementation
+        if previous == name:
+            yield
+            return
+        config._attn_implementation, switch.original = name, previous
+        try:
+            yield
+        finally:
+            config._attn_implementation, switch.original = previous, None

@@ -6,6 +6,8 @@ indexing (which changed between 5.17 and 5.23).
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
@@ -54,8 +56,12 @@ class FeatureTap:
         self.stream_dim = 2 if getattr(model.config.get_text_config(), "hc_mult", None) else 0
         self._outputs: dict[int, torch.Tensor] = {}
         self._handles: list = []
+        self._thread: int | None = None
 
     def __enter__(self) -> "FeatureTap":
+        # the hooks sit on the model's shared layers: another thread generating with the same model at the same
+        # time runs them too, so a tap records only the forwards of the thread that opened it
+        self._thread = threading.get_ident()
         for i in self.layer_ids:
             self._handles.append(self.layers[i].register_forward_hook(self._hook(i)))
         return self
@@ -68,6 +74,8 @@ class FeatureTap:
 
     def _hook(self, index: int):
         def hook(module, args, output):
+            if threading.get_ident() != self._thread:
+                return
             hidden = output[0] if isinstance(output, tuple) else output
             if hidden.dim() == 4:  # several residual streams (`stream_dim`)
                 hidden = hidden.select(self.stream_dim, 0)
