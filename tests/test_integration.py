@@ -213,6 +213,42 @@ def test_attention_implementations_with_a_tree_mask(impl):
     assert_same_tokens(reference, out, impl)
 
 
+def compiled_llama(how: str):
+    model = make_target("llama", seed=3)
+    if how == "forward":
+        model.forward = torch.compile(model.forward, backend="eager")
+    else:
+        model.compile(backend="eager")
+    return model
+
+
+@pytest.mark.parametrize("how", ["forward", "module"])
+def test_a_compiled_target(how):
+    """torch.compile'd targets (`model.forward = torch.compile(model.forward)` or `model.compile()`; backend
+    "eager" keeps dynamo's tracing, the part that matters, without building kernels): every strategy gives plain
+    greedy's tokens when the head's call comes first. Code compiled before the head's hooks existed (a plain
+    generate() first) skips them: that was "No hidden states were captured" (an internal RuntimeError), now a
+    ValueError that names the compile; the training-free strategies, which read no states, still decode."""
+    reference = greedy_reference(make_target("llama", seed=3), PROMPT, max_new_tokens=24)
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=2):  # then eager: tracing is the slow part here
+            model = compiled_llama(how)
+            head = JetSpecHead.for_target(model, block_size=6, tree_budget=12)
+            assert_same_tokens(reference, jetspec(model, PROMPT, draft_head=head, max_new_tokens=24), "head first")
+            assert_same_tokens(reference, greedy_reference(model, PROMPT, max_new_tokens=24), "plain after")
+            torch._dynamo.reset()
+            model = compiled_llama(how)
+            assert_same_tokens(reference, greedy_reference(model, PROMPT, max_new_tokens=24), "plain first")
+            with pytest.raises(ValueError, match="torch.compile'd code that skips the forward hooks"):
+                jetspec(model, PROMPT, draft_head=head, max_new_tokens=24)
+            for strategy in (hf_jetspec.suffix_generate, hf_jetspec.jacobi_generate):
+                out = model.generate(PROMPT, max_new_tokens=24, do_sample=False, custom_generate=strategy)
+                assert_same_tokens(reference, out, strategy.__name__)
+    finally:
+        torch._dynamo.reset()
+
+
 def test_tree_attention_plan():
     model = make_target("qwen3")
     config = model.config

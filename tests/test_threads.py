@@ -59,11 +59,14 @@ def test_a_tap_records_only_its_own_threads_forwards():
     ids = torch.tensor([[5, 6, 7]])
     with FeatureTap(model, [1, 3]) as tap:
         model(ids)
-        mine = tap.features().clone()
+        mine = tap.features()
+        model(ids)
         thread = threading.Thread(target=lambda: model(torch.tensor([[9, 10, 11, 12, 13]])))
         thread.start()
         thread.join()
         assert torch.equal(tap.features(), mine)
+        with pytest.raises(RuntimeError, match="No hidden states"):  # a read takes the states: never read twice
+            tap.features()
 
 
 def test_tree_steps_of_two_threads_do_not_restore_each_others_switch():

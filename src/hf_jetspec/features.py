@@ -41,14 +41,24 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
                      "`.blocks` ModuleList)")
 
 
+def compiled(model: nn.Module) -> bool:
+    """``model`` (or its decoder) runs torch.compile'd code: ``model.compile()`` or ``forward = torch.compile(...)``."""
+    modules = [model, getattr(model, "get_decoder", lambda: None)()]
+    return any(m is not None and (getattr(m, "_compiled_call_impl", None) is not None
+                                  or hasattr(getattr(m, "forward", None), "_torchdynamo_orig_callable"))
+               for m in modules)
+
+
 class FeatureTap:
     """Context manager recording the outputs of ``layer_ids`` during every forward inside it.
 
-    ``features()`` returns the concatenation ``[b, T, len(layer_ids) * H]`` of the latest forward's outputs, in
-    ``layer_ids`` order (None when no layers are tapped).
+    ``features()`` takes the concatenation ``[b, T, len(layer_ids) * H]`` of the outputs of the forward since the
+    last call, in ``layer_ids`` order (None when no layers are tapped); a forward whose hooks did not run is an
+    error, never the previous forward's states again.
     """
 
     def __init__(self, model: nn.Module, layer_ids: list[int]) -> None:
+        self.model = model
         self.layer_ids = list(layer_ids)
         self.layers = decoder_layers(model) if self.layer_ids else None
         # layers with several residual streams output 4D states: hyper-connections (HY V4's `hc_mult`) as
@@ -87,6 +97,14 @@ class FeatureTap:
         if not self.layer_ids:
             return None
         missing = [i for i in self.layer_ids if i not in self._outputs]
+        if missing and compiled(self.model):
+            raise ValueError(
+                f"{type(self.model).__name__} runs torch.compile'd code that skips the forward hooks through which a "
+                f"JetSpec head reads target layers {missing} (code compiled before the hooks were added does not call "
+                "them). Generate with a head on a model that is not compiled (tree steps change shape every step "
+                "and would recompile anyway), or use the training-free strategies (suffix, jacobi), which read no "
+                "hidden states.")
         if missing:
             raise RuntimeError(f"No hidden states were captured from target layers {missing}")
-        return torch.cat([self._outputs[i] for i in self.layer_ids], dim=-1)
+        outputs, self._outputs = self._outputs, {}
+        return torch.cat([outputs[i] for i in self.layer_ids], dim=-1)
