@@ -9,6 +9,7 @@ import torch
 from helpers import assert_same_tokens, greedy_reference, jetspec, make_target
 from transformers import TrainingArguments
 
+import hf_jetspec
 from hf_jetspec import JetSpecHead, jetspec_generate
 from hf_jetspec.drafters import HeadDrafter
 from hf_jetspec.head import HeadContext
@@ -225,6 +226,12 @@ def test_peft_lora_target(tmp_path):
     assert not torch.equal(reference, without_lora)  # the adapter matters, so the check below is meaningful
     out = model.generate(input_ids=prompt, do_sample=False, max_new_tokens=30, custom_generate=jetspec_generate,
                          draft_head=head)
+    assert_same_tokens(reference, out)
+    # the assistant_model route: enable() on the PEFT wrapper enables the model whose generate() it calls (it
+    # used to change only the wrapper's class, and generate() then told the user to call enable())
+    wrapper_class = type(model)
+    assert hf_jetspec.enable(model) is model and type(model) is wrapper_class
+    out = model.generate(input_ids=prompt, do_sample=False, max_new_tokens=30, assistant_model=head)
     assert_same_tokens(reference, out)
 
 

@@ -45,10 +45,17 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
 
 
 def enable(model):
-    """Let ``model.generate(..., assistant_model=head)`` accept `JetSpecHead` s. Returns ``model`` (idempotent)."""
+    """Let ``model.generate(..., assistant_model=head)`` accept `JetSpecHead` s. Returns ``model`` (idempotent).
+    A PEFT wrapper (``PeftModelForCausalLM``) is enabled through the transformers model it wraps, whose
+    ``generate()`` its own calls."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "generate"):
         raise ValueError(f"enable() takes a loaded transformers model (whose generate() then accepts heads), got "
                          f"{type(model).__name__}")
+    if hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None)):
+        base = model.get_base_model()
+        if base is not model:
+            enable(base)
+            return model
     cls = type(model)
     if cls in _SUBCLASSES.values():
         return model
