@@ -94,3 +94,34 @@ def test_stop_strings(smollm2):
     out = model.generate(ids, do_sample=False, max_new_tokens=48, stop_strings=stops, tokenizer=tokenizer,
                          assistant_model=head)
     assert_same_tokens(reference, out, "assistant_model")
+
+
+def test_pipeline_takes_a_head_as_its_assistant(smollm2, tmp_path):
+    """`pipeline("text-generation", assistant_model=head)` compares the assistant's special token ids with the
+    target's when it is built; a head's config had none (AttributeError: 'JetSpecConfig' object has no attribute
+    'eos_token_id'). Heads now carry the target's (for_target copies them; the shipped head's config holds them)."""
+    from transformers import pipeline
+
+    model, tokenizer = smollm2
+    hf_jetspec.enable(model)
+    messages = [{"role": "user", "content": PROMPTS[3]}]
+    plain = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    reference = plain(messages, max_new_tokens=24, do_sample=False)[0]["generated_text"]
+    fresh = JetSpecHead.for_target(model, num_hidden_layers=1)
+    fresh.save_pretrained(tmp_path / "head")
+    for head in (default_head(model), JetSpecHead.from_pretrained(tmp_path / "head")):
+        assert (head.config.bos_token_id, head.config.eos_token_id, head.config.pad_token_id) == (
+            model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id)
+        assisted = pipeline("text-generation", model=model, tokenizer=tokenizer, assistant_model=head)
+        assert assisted(messages, max_new_tokens=24, do_sample=False)[0]["generated_text"] == reference
+    # a head saved without them: the pipeline asks for an assistant tokenizer, which the head route then ignores
+    # (generate() itself refuses one for an assistant with the target's vocabulary)
+    head.config.bos_token_id = head.config.eos_token_id = head.config.pad_token_id = None
+    with pytest.raises(ValueError, match="different tokenizer"):
+        pipeline("text-generation", model=model, tokenizer=tokenizer, assistant_model=head)
+    assisted = pipeline("text-generation", model=model, tokenizer=tokenizer, assistant_model=head,
+                        assistant_tokenizer=tokenizer)
+    assert assisted(messages, max_new_tokens=24, do_sample=False)[0]["generated_text"] == reference
+    out = model.generate(encode_prompt(tokenizer, PROMPTS[3]), do_sample=False, max_new_tokens=8,
+                         assistant_model=head, assistant_tokenizer=tokenizer, tokenizer=tokenizer)
+    assert torch.equal(out, model.generate(encode_prompt(tokenizer, PROMPTS[3]), do_sample=False, max_new_tokens=8))

@@ -112,6 +112,11 @@ class JetSpecConfig(PretrainedConfig):
     vocab_size: int = 32000
     target_num_layers: int = 4
     target_model_type: str | None = None
+    # The target's special token ids (copied by `JetSpecHead.for_target`): transformers' pipelines compare them with
+    # the target's before they take an assistant_model without an assistant tokenizer.
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
     # Provenance for the model card: base model name, training data, steps, measured tau (filled in by training).
     base_model: str | None = None
     training_summary: dict | None = None

@@ -225,6 +225,7 @@ class JetSpecHead(PreTrainedModel):
             target_num_layers=text.num_hidden_layers,
             target_model_type=text.model_type,
             base_model=model.name_or_path or None,
+            **{name: getattr(text, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
         )
         fields.update(overrides)
         return cls(JetSpecConfig(**fields)).to(device=execution_device(model), dtype=next(model.parameters()).dtype)

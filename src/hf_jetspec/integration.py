@@ -40,6 +40,9 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
     assistant = generation_mode_kwargs.get("assistant_model") if isinstance(generation_mode_kwargs, dict) else None
     if isinstance(assistant, JetSpecHead):  # before generate()'s own check, which would ask for two tokenizers
         assistant.check_target(self)
+        # a head drafts in the target's vocabulary: an assistant tokenizer (a pipeline passes one for a head saved
+        # without the target's special token ids) has nothing to translate, and generate() would refuse it
+        generation_mode_kwargs.pop("assistant_tokenizer", None)
     return super(type(self), self)._validate_generation_mode(generation_mode, generation_config,
                                                              generation_mode_kwargs, *args, **kwargs)
 
