@@ -54,6 +54,26 @@ def test_enable_touches_only_that_instance():
         b.generate(PROMPT, max_new_tokens=3, do_sample=False, assistant_model=head)
 
 
+def test_an_enabled_model_pickles_and_copies(tmp_path):
+    """torch.save / pickle of an enabled model failed: pickle finds a class by name, and the enabled subclass shares
+    its base's ("not the same object as ...LlamaForCausalLM"). Copies come back enabled, with the same tokens."""
+    import copy
+    import pickle
+
+    model = hf_jetspec.enable(make_target("llama", seed=4))
+    head = JetSpecHead.for_target(model, block_size=6)
+    reference = greedy_reference(make_target("llama", seed=4), PROMPT, max_new_tokens=12)
+    torch.save(model, tmp_path / "model.pt")
+    copies = [torch.load(tmp_path / "model.pt", weights_only=False), pickle.loads(pickle.dumps(model)),
+              copy.deepcopy(model)]
+    for clone in copies:
+        assert type(clone) is type(model) and clone is not model
+        out = clone.generate(PROMPT, max_new_tokens=12, do_sample=False, assistant_model=head)
+        assert_same_tokens(reference, out)
+    plain = make_target("llama", seed=4)
+    assert type(pickle.loads(pickle.dumps(plain))) is type(plain)  # models never enabled pickle as before
+
+
 def test_native_dflash_drafter_with_a_head():
     """transformers >= 5.25's own DFlash drafter (``speculation_type="dflash"``) calls its assistant's forward with
     ``noise_embeds``: a head there, on a target not enabled, is named with the fix (it was "_forward_unimplemented()

@@ -47,6 +47,18 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
                                                              generation_mode_kwargs, *args, **kwargs)
 
 
+def _reduce_ex(self, protocol):
+    """Pickle (``torch.save(model)``) an enabled model as its transformers class plus state: pickle finds classes
+    by name, and the enabled subclass shares its base's name, so the default failed ("not the same object")."""
+    return _rebuild, (type(self).__mro__[1], self.__getstate__())
+
+
+def _rebuild(cls, state):
+    model = cls.__new__(cls)
+    model.__setstate__(state)
+    return enable(model)
+
+
 def enable(model):
     """Let ``model.generate(..., assistant_model=head)`` accept `JetSpecHead` s. Returns ``model`` (idempotent).
     A PEFT wrapper (``PeftModelForCausalLM``) is enabled through the transformers model it wraps, whose
@@ -67,7 +79,7 @@ def enable(model):
             cls.__name__,
             (cls,),
             {"_assisted_decoding": _assisted_decoding, "_validate_generation_mode": _validate_generation_mode,
-             "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+             "__reduce_ex__": _reduce_ex, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
         )
     model.__class__ = _SUBCLASSES[cls]
     return model
