@@ -68,7 +68,8 @@ def test_round_trip_drafts_identically(tmp_path, variant):
     taps = head.config.target_layer_ids
     assert loaded.config.target_layer_ids == sorted(taps)
     for field in ("block_size", "mask_token_id", "causal", "draft_vocab", "tree_budget", "tree_width", "rope_theta",
-                  "attention_bias", "num_hidden_layers", "head_dim", "target_num_layers", "vocab_size"):
+                  "attention_bias", "num_hidden_layers", "head_dim", "target_num_layers", "vocab_size",
+                  "bos_token_id", "eos_token_id", "pad_token_id"):  # the target's ids: pipelines compare them
         assert getattr(loaded.config, field) == getattr(head.config, field), field
     features = torch.randn(7, len(taps) * target.config.hidden_size)
     expected, got = drafts(head, target, features, taps), drafts(loaded, target, features, taps)

@@ -66,6 +66,9 @@ INT_FIELDS = {"block_size": 1, "mask_token_id": 0, "num_hidden_layers": 1, "hidd
               "tree_budget": 1, "tree_width": 1, "vocab_size": 1, "target_num_layers": 1}
 POSITIVE_FIELDS = ("rms_norm_eps", "rope_theta", "initializer_range")
 
+# the target's special token ids a head records (transformers' pipelines compare them with the target's)
+SPECIAL_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
 MIN_DRAFT_VOCAB = 64  # tree widths draw distinct children from the draft vocabulary
 
 
@@ -230,6 +233,8 @@ def reference_to_jetspec_dict(ref: dict[str, Any]) -> dict[str, Any]:
         "vocab_size": ref["vocab_size"],
         "target_num_layers": ref["num_target_layers"],
         "target_model_type": ref.get("target_model_type"),
+        # a Qwen3-style config: the target's special token ids, when the checkpoint records them
+        **{name: ref[name] for name in SPECIAL_TOKEN_FIELDS if ref.get(name) is not None},
     }
     jetspec = ref.get("jetspec") or {}  # this library's own fields, kept by `hf_jetspec.export_vllm`
     out.update({k: jetspec[k] for k in ("tree_budget", "tree_width", "base_model", "training_summary",

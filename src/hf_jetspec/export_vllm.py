@@ -52,7 +52,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import JetSpecConfig
+from .config import SPECIAL_TOKEN_FIELDS, JetSpecConfig
 from .files import json_field, refuse_foreign_files
 from .head import JetSpecHead
 
@@ -104,6 +104,7 @@ def vllm_config_dict(config: JetSpecConfig, draft_vocab_size: int | None = None)
         },
         "jetspec": {name: getattr(config, name) for name in JETSPEC_FIELDS},
     }
+    out.update({name: getattr(config, name) for name in SPECIAL_TOKEN_FIELDS if getattr(config, name) is not None})
     if draft_vocab_size is not None:
         out["draft_vocab_size"] = draft_vocab_size
     return out

@@ -19,7 +19,8 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from .attention import check_target
-from .config import JetSpecConfig, cross_attention_layers, default_target_layer_ids, target_size, target_value
+from .config import (SPECIAL_TOKEN_FIELDS, JetSpecConfig, cross_attention_layers, default_target_layer_ids, target_size,
+                     target_value)
 from .devices import execution_device
 from .features import decoder_layers
 from .hub import model_card, push_head
@@ -225,7 +226,7 @@ class JetSpecHead(PreTrainedModel):
             target_num_layers=text.num_hidden_layers,
             target_model_type=text.model_type,
             base_model=model.name_or_path or None,
-            **{name: getattr(text, name, None) for name in ("bos_token_id", "eos_token_id", "pad_token_id")},
+            **{name: getattr(text, name, None) for name in SPECIAL_TOKEN_FIELDS},
         )
         fields.update(overrides)
         return cls(JetSpecConfig(**fields)).to(device=execution_device(model), dtype=next(model.parameters()).dtype)
