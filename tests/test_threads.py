@@ -23,9 +23,9 @@ def prompts(count: int, seed: int) -> list[torch.Tensor]:
             for _ in range(count)]
 
 
-@pytest.mark.parametrize("family, seed", [("llama", 0), ("qwen3", 1), ("qwen3_moe", 2)])
+@pytest.mark.parametrize("family, seed", [("llama", 0), ("qwen3_moe", 2)])
 def test_threads_sharing_a_model_get_their_own_tokens(family, seed):
-    """Four threads run twelve calls mixing the assistant_model route, custom_generate with an untrained head
+    """Four threads run eighteen calls mixing the assistant_model route, custom_generate with an untrained head
     (retrieval on and off), suffix decoding, Jacobi and plain generate(). Before the taps recorded only their own
     thread, a head call crashed in torch.cat on another call's states (or drafted from them)."""
     model = make_target(family, seed=seed)
@@ -46,7 +46,7 @@ def test_threads_sharing_a_model_get_their_own_tokens(family, seed):
                                  custom_generate=hf_jetspec.jacobi_generate, window=4),
         lambda p: model.generate(p, max_new_tokens=length, do_sample=False),
     ]
-    jobs = [(i % len(inputs), (i + seed) % len(calls)) for i in range(24)]
+    jobs = [(i % len(inputs), (i + seed) % len(calls)) for i in range(18)]
     with ThreadPoolExecutor(4) as pool:
         outputs = list(pool.map(lambda job: calls[job[1]](inputs[job[0]]), jobs))
     for (row, call), output in zip(jobs, outputs):
