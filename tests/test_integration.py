@@ -54,6 +54,20 @@ def test_enable_touches_only_that_instance():
         b.generate(PROMPT, max_new_tokens=3, do_sample=False, assistant_model=head)
 
 
+def test_assistant_route_returns_several_sequences():
+    """`num_return_sequences > 1` through `assistant_model=head`: generate()'s own check for assisted decoding ("has
+    to be 1") refused it, though the head route decodes any number of rows. Now it draws exactly what the
+    custom_generate route draws with the same seed."""
+    model = hf_jetspec.enable(make_target("llama", seed=6))
+    head = JetSpecHead.for_target(model, block_size=6)
+    outs = []
+    for route in ({"assistant_model": head}, {"custom_generate": hf_jetspec.jetspec_generate, "draft_head": head}):
+        torch.manual_seed(3)
+        outs.append(model.generate(PROMPT, max_new_tokens=12, do_sample=True, num_return_sequences=3, **route))
+    assert outs[0].shape == (3, PROMPT.shape[1] + 12) and torch.equal(outs[0], outs[1])
+    assert len({tuple(row.tolist()) for row in outs[0]}) > 1  # three draws, not one row repeated
+
+
 def test_an_enabled_model_pickles_and_copies(tmp_path):
     """torch.save / pickle of an enabled model failed: pickle finds a class by name, and the enabled subclass shares
     its base's ("not the same object as ...LlamaForCausalLM"). Copies come back enabled, with the same tokens."""

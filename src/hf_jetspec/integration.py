@@ -11,6 +11,8 @@ head was made for this target (generate()'s own check would otherwise ask a mism
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .decoding.jetspec import jetspec_generate
@@ -43,6 +45,9 @@ def _validate_generation_mode(self, generation_mode, generation_config, generati
         # a head drafts in the target's vocabulary: an assistant tokenizer (a pipeline passes one for a head saved
         # without the target's special token ids) has nothing to translate, and generate() would refuse it
         generation_mode_kwargs.pop("assistant_tokenizer", None)
+        if generation_config.num_return_sequences > 1:  # HF's assisted decoding takes one; heads decode any rows
+            generation_config = copy.copy(generation_config)
+            generation_config.num_return_sequences = 1
     return super(type(self), self)._validate_generation_mode(generation_mode, generation_config,
                                                              generation_mode_kwargs, *args, **kwargs)
 
