@@ -366,7 +366,7 @@ def test_head_dtype_policy():
 
 
 def test_same_device_reads_the_default_index():
-    from hf_jetspec.drafters import same_device
+    from hf_jetspec.devices import same_device
 
     assert same_device(torch.device("cuda"), torch.device("cuda:0"))
     assert same_device(torch.device("cpu"), torch.device("cpu"))

@@ -379,8 +379,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.init_head and args.init_from_target:
         p.error("--init-head and --init-from-target both choose the starting weights: give one")
-    require_at_least(p, args, batch_size=1, grad_accum=1, head_layers=1, taps=1, num_anchors=1, max_length=1,
-                     eval_count=0, eval_train_count=0, eval_decode_count=0)
     check_ranges(p, args)
     if args.eval_reference and not (args.eval_count and args.eval_train_count):
         p.error("--eval-reference compares the gap between held-out and trained rows: give --eval-count and "
@@ -391,12 +389,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_ranges(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Numbers the Trainer would take silently (``--max-steps 0`` ran one step, ``--epochs 0`` saved an untrained
     head) or fail on mid-run (a zero KD temperature divides the logits by 0): one error naming the option."""
+    require_at_least(p, args, batch_size=1, grad_accum=1, head_layers=1, taps=1, num_anchors=1, max_length=1,
+                     eval_count=0, eval_train_count=0, eval_decode_count=0, eval_steps=1, save_steps=1,
+                     logging_steps=1, early_stopping=1, max_prompt_tokens=1, draft_vocab=1)
     if args.max_steps == 0 or args.max_steps < -1:
         p.error(f"--max-steps must be >= 1 (or -1: train --epochs), got {args.max_steps}")
     if args.max_steps == -1 and not args.epochs > 0:
         p.error(f"--epochs must be > 0, got {args.epochs}")
-    require_at_least(p, args, eval_steps=1, save_steps=1, logging_steps=1, early_stopping=1, max_prompt_tokens=1,
-                     draft_vocab=1)
     positive = {"lr": args.lr, "kd_temperature": args.kd_temperature, "depth_decay": args.depth_decay}
     for name, value in positive.items():
         if value is not None and not value > 0:  # also refuses nan

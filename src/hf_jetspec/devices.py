@@ -17,3 +17,8 @@ def execution_device(model) -> torch.device:
         if hooked is not None:
             return torch.device(hooked) if not isinstance(hooked, int) else torch.device("cuda", hooked)
     return device
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one (``cuda`` and ``cuda:0`` are, with the default device 0)."""
+    return (a.type, a.index or 0) == (b.type, b.index or 0)

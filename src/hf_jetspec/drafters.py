@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from .devices import execution_device
+from .devices import execution_device, same_device
 from .head import HeadContext, JetSpecHead
 
 
@@ -71,11 +71,6 @@ class HeadDrafter:
             )
         self.pending = []
         return self.head.draft(self.context, new, int(ids[0, -1]), self.embed, self.lm_head, depth)
-
-
-def same_device(a: torch.device, b: torch.device) -> bool:
-    """Whether two devices are one (``cuda`` and ``cuda:0`` are, with the default device 0)."""
-    return (a.type, a.index or 0) == (b.type, b.index or 0)
 
 
 def head_on_target_device(head: JetSpecHead, target) -> JetSpecHead:
