@@ -75,12 +75,13 @@ def available_memory(device) -> int | None:
     return None
 
 
-def max_forward_tokens(model, sequence: int, extra: int = 0) -> int:
+def max_forward_tokens(model, sequence: int, extra: int = 0, available: int | None = None) -> int:
     """The most tokens (up to `MAX_FORWARD_TOKENS`) one verification forward may carry on ``model``'s device now,
-    for a sequence of up to ``sequence`` tokens (prompt + new); ``extra``: tokens the forward carries anyway."""
+    for a sequence of up to ``sequence`` tokens (prompt + new); ``extra``: tokens the forward carries anyway;
+    ``available``: the free bytes if already read (else read now)."""
     from .devices import execution_device
 
-    available = available_memory(execution_device(model))
+    available = available_memory(execution_device(model)) if available is None else available
     if available is None:
         return MAX_FORWARD_TOKENS
     allowed = MEMORY_SHARE * available
@@ -100,19 +101,21 @@ def check_forward_size(model, generation_config, setting: str, tokens: int) -> N
     if tokens > MAX_FORWARD_TOKENS:
         raise ValueError(f"{setting} would verify {tokens} tokens per forward; at most {MAX_FORWARD_TOKENS} are "
                          "allowed")
-    sequence = int(getattr(generation_config, "max_length", None) or 0)
-    limit = max_forward_tokens(model, sequence)
-    if tokens > limit:
-        from .devices import execution_device
+    from .devices import execution_device
 
-        device = execution_device(model)
+    sequence = int(getattr(generation_config, "max_length", None) or 0)
+    device = execution_device(model)
+    available = available_memory(device)
+    # One estimate decides (forward_bytes grows with tokens); the search for the limit runs only to word a refusal.
+    if available is not None and forward_bytes(model, tokens, sequence + tokens) > MEMORY_SHARE * available:
+        limit = max_forward_tokens(model, sequence, available=available)
         if limit == 0:  # not even one token fits: the length is the problem, not the setting
             need = forward_bytes(model, 1, sequence + 1) / _GIB
             raise ValueError(f"max_length={sequence} (prompt + max_new_tokens) is too long for {device}: one forward "
                              f"over that many keys needs ~{need:.3g} GiB, more than {MEMORY_SHARE:.0%} of the "
-                             f"{available_memory(device) / _GIB:.1f} GiB free; ask for fewer new tokens")
+                             f"{available / _GIB:.1f} GiB free; ask for fewer new tokens")
         need = forward_bytes(model, tokens, sequence + tokens) / _GIB
-        free = available_memory(device) / _GIB
+        free = available / _GIB
         raise ValueError(f"{setting} would verify {tokens} tokens per forward, needing ~{need:.1f} GiB; {free:.1f} "
                          f"GiB are free on {device} and a forward may use {MEMORY_SHARE:.0%} of that: at most "
                          f"{limit} tokens per forward fit (for {sequence} prompt + new tokens)")
