@@ -21,8 +21,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/hf-jetspec generate --compare --max-new-tokens 128 "$(PROMPT)"
 
+# One test file per worker process (module-level caches stay in one process), as many workers as cores (at most 4):
+# the tests run single-threaded, so 2 cores take ~10 min instead of ~19.
 test: setup
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 bench: setup
 	$(VENV)/bin/hf-jetspec bench --prompts mt-bench --limit 2 --strategies ar,jetspec,jetspec-oracle --budgets 4,8,16,32 --per-category

@@ -85,6 +85,27 @@ def test_cache_key_follows_file_content(tmp_cache, fake_loader, tmp_path):
     assert first != second and len(fake_loader) == 2
 
 
+def test_a_conversion_another_process_finished_meanwhile_is_kept(tmp_cache, fake_loader, tmp_path, monkeypatch):
+    """Two processes (test workers, two users' first runs) converting the same GGUF at once: the one that finishes
+    second keeps the first one's folder untouched and leaves no temporary folder behind."""
+    gguf = tmp_path / "d.gguf"
+    gguf.write_bytes(b"fake gguf d")
+    load, done = models.load_gguf, {}
+
+    def other_process_finishes_first(path):
+        monkeypatch.setattr(models, "load_gguf", load)
+        done["folder"] = models.convert_gguf(gguf)  # the other process's whole conversion, while ours loads
+        done["mtime"] = (done["folder"] / "model.safetensors").stat().st_mtime_ns
+        return load(path)
+
+    monkeypatch.setattr(models, "load_gguf", other_process_finishes_first)
+    assert models.convert_gguf(gguf) == done["folder"]
+    assert (done["folder"] / "model.safetensors").stat().st_mtime_ns == done["mtime"]
+    assert json.loads((done["folder"] / models.MARKER).read_text())["sha256"] == models.file_sha256(gguf)
+    assert not [p.name for p in done["folder"].parent.iterdir() if ".tmp-" in p.name]
+    assert len(fake_loader) == 2
+
+
 def test_interrupted_conversion_leaves_no_folder(tmp_cache, monkeypatch, tmp_path):
     def crash(path):
         raise KeyboardInterrupt

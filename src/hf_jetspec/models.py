@@ -177,6 +177,8 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike | None
         files = sorted(path.name for path in tmp.iterdir()) + [MARKER]
         (tmp / MARKER).write_text(json.dumps({"source": gguf_path.name, "sha256": sha256, "files": files}))
         tmp.chmod(0o755)
+        if not force and _is_converted(out, sha256):  # another process (a test worker) finished it meanwhile
+            return out
         _install(tmp, out, force)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
