@@ -128,6 +128,40 @@ def test_checkpoints_jetspec_cannot_use_are_refused(tmp_path):
         JetSpecHead.from_pretrained(tmp_path)
 
 
+def reshard(folder, parts: int = 2) -> None:
+    """Split ``folder``'s model.safetensors into ``parts`` shards plus model.safetensors.index.json (the layout of
+    ``save_pretrained(max_shard_size=...)`` and of large checkpoints on the Hub)."""
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    keys, weight_map = sorted(state), {}
+    for i in range(parts):
+        name = f"model-{i + 1:05d}-of-{parts:05d}.safetensors"
+        save_file({k: state[k] for k in keys[i::parts]}, folder / name, metadata={"format": "pt"})
+        weight_map |= {k: name for k in keys[i::parts]}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_a_sharded_checkpoint_keeps_its_draft_vocabulary(tmp_path, parts):
+    """d2t and lm_head.weight read from the shards an index names: a sharded DFlash-layout head loaded before
+    6 December without its draft vocabulary (drafting over the whole vocabulary it was not trained for)."""
+    target = make_target("llama")
+    head = random_head(target, draft_vocab=[4, *range(1, 128, 2)], target_layer_ids=[2, 0])
+    export_vllm(head, tmp_path, target=target)
+    single = JetSpecHead.from_pretrained(tmp_path)
+    reshard(tmp_path, parts)
+    sharded = JetSpecHead.from_pretrained(tmp_path)
+    assert sharded.config.draft_vocab == single.config.draft_vocab == sorted(head.config.draft_vocab)
+    for a, b in zip(single.state_dict().values(), sharded.state_dict().values()):
+        assert torch.equal(a, b)
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shard = tmp_path / index["weight_map"].pop("d2t")  # a whole-vocabulary lm_head: the shards without d2t
+    save_file({k: v for k, v in load_file(shard).items() if k != "d2t"}, shard, metadata={"format": "pt"})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="ships its own lm_head over the whole vocabulary"):
+        JetSpecHead.from_pretrained(tmp_path)
+
+
 def test_cli_export(tmp_path, capsys):
     target = make_target("qwen3")
     random_head(target).save_pretrained(tmp_path / "head")

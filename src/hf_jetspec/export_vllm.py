@@ -209,6 +209,31 @@ def _resolve(path_or_id, filename: str, kwargs: dict) -> str | None:
     return cached_file(str(path_or_id), filename, _raise_exceptions_for_missing_entries=False, **hub)
 
 
+def _tensor_files(path_or_id, names, kwargs: dict) -> dict[str, str]:
+    """``{name: local safetensors file holding it}`` for those of ``names`` the checkpoint has: one
+    ``model.safetensors``, or the shards a ``model.safetensors.index.json`` names (``save_pretrained`` with
+    ``max_shard_size``, large checkpoints on the Hub). Empty for a checkpoint in neither form (e.g. a .bin)."""
+    file = _resolve(path_or_id, WEIGHTS_NAME, kwargs)
+    if file is not None:
+        with safe_open(file, framework="pt") as f:
+            return {name: file for name in names if name in f.keys()}
+    index = _resolve(path_or_id, WEIGHTS_NAME + ".index.json", kwargs)
+    if index is None:
+        return {}
+    try:
+        weight_map = json.loads(Path(index).read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{WEIGHTS_NAME}.index.json has no readable weight_map ({type(err).__name__})") from None
+    found = {}
+    for name in names:
+        if name in weight_map:
+            shard = _resolve(path_or_id, weight_map[name], kwargs)
+            if shard is None:
+                raise ValueError(f"{WEIGHTS_NAME}.index.json puts {name} in {weight_map[name]}, which is missing")
+            found[name] = shard
+    return found
+
+
 def draft_vocab_from_checkpoint(path_or_id, kwargs: dict | None = None) -> list[int] | None:
     """The draft vocabulary a DFlash checkpoint stores as ``d2t`` (token id = index + d2t[index]), or None without
     one. Raises for an ``lm_head.weight`` without ``d2t``: a draft over the whole vocabulary with its own LM head,
@@ -216,18 +241,18 @@ def draft_vocab_from_checkpoint(path_or_id, kwargs: dict | None = None) -> list[
     if os.path.isdir(path_or_id) and (Path(path_or_id) / "mask_embedding.pt").exists():
         raise ValueError(f"DFlash checkpoint {path_or_id!s} ships mask_embedding.pt (a separately trained mask "
                          "embedding); JetSpecHead embeds the mask token with the target's embeddings")
-    file = _resolve(path_or_id, WEIGHTS_NAME, kwargs or {})
-    if file is None:  # sharded or not safetensors: this library never writes those
+    files = _tensor_files(path_or_id, ("d2t", "lm_head.weight"), kwargs or {})
+    if "d2t" not in files:
+        if "lm_head.weight" in files:
+            raise ValueError(f"DFlash checkpoint {path_or_id!s} ships its own lm_head over the whole "
+                             "vocabulary; JetSpecHead uses the target's LM head")
         return None
-    with safe_open(file, framework="pt") as f:
-        keys = set(f.keys())
-        if "d2t" not in keys:
-            if "lm_head.weight" in keys:
-                raise ValueError(f"DFlash checkpoint {path_or_id!s} ships its own lm_head over the whole "
-                                 "vocabulary; JetSpecHead uses the target's LM head")
-            return None
+    with safe_open(files["d2t"], framework="pt") as f:
         d2t = f.get_tensor("d2t").long()
-        rows = f.get_slice("lm_head.weight").get_shape()[0] if "lm_head.weight" in keys else len(d2t)
+    rows = len(d2t)
+    if "lm_head.weight" in files:
+        with safe_open(files["lm_head.weight"], framework="pt") as f:
+            rows = f.get_slice("lm_head.weight").get_shape()[0]
     if rows != len(d2t):
         raise ValueError(f"DFlash checkpoint {path_or_id!s}: lm_head has {rows} rows, d2t {len(d2t)}")
     return (torch.arange(len(d2t)) + d2t).tolist()
