@@ -267,6 +267,7 @@ def test_generate_to_stores_interleaves_sources_and_resumes(tokenizer, tiny_mode
 
 
 def test_main_store_end_to_end(tmp_path, capsys):
+    from hf_jetspec.training.answers import AnswerStore
     from hf_jetspec.training.features import read_rows
 
     sharegpt = tmp_path / "sharegpt.json"
@@ -286,6 +287,32 @@ def test_main_store_end_to_end(tmp_path, capsys):
     assert "wrote 0 rows" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         data.parse_args(["--store", str(store), "--out", str(tmp_path / "x.jsonl")])
+    # float32 answers (6x faster than bf16 on a CPU without native bf16) go to <source>-fp32 folders and answer
+    # only the prompts no folder of their source holds; the bf16 folders refuse them
+    with pytest.raises(ValueError, match="other settings"):
+        data.main([*argv[:-2], "--dtype", "fp32"])
+    fp32 = [*argv[:-4], "--limit", "2", "--dtype", "fp32", "--store-suffix", "fp32"]
+    data.main(fp32)
+    out = capsys.readouterr().out
+    assert "leetcode: 1 prompts answered in other folders" in out  # the fixture's other sources hold one prompt
+    assert "wrote 1 rows" in out
+    meta = json.loads((store / "leetcode-fp32" / "meta.json").read_text())
+    assert meta["source"] == "leetcode" and meta["settings"]["dtype"] == "fp32"
+    ids = [r["id"] for r in read_rows(store)]
+    assert len(ids) == len(set(ids)) == 4
+    data.main(fp32)
+    assert "wrote 0 rows" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="holds answers of source 'leetcode', not 'math'"):
+        AnswerStore(store, "math", folder="leetcode-fp32")
+
+
+@pytest.mark.parametrize("suffix, message", [("", "--store-suffix must be letters"), ("../x", "must be letters"),
+                                             ("fp32", "--store-suffix names a folder of --store")])
+def test_store_suffix_is_a_folder_name_part(suffix, message, tmp_path, capsys):
+    store = ["--store", str(tmp_path / "answers")] if suffix != "fp32" else ["--out", str(tmp_path / "x.jsonl")]
+    with pytest.raises(SystemExit) as stop:
+        data.parse_args([*store, "--store-suffix", suffix])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option, message", [

