@@ -267,7 +267,7 @@ def test_generate_to_stores_interleaves_sources_and_resumes(tokenizer, tiny_mode
 
 
 def test_main_store_end_to_end(tmp_path, capsys):
-    from hf_jetspec.training.answers import AnswerStore
+    from hf_jetspec.training.answers import AnswerStore, main as answers_main
     from hf_jetspec.training.features import read_rows
 
     sharegpt = tmp_path / "sharegpt.json"
@@ -302,6 +302,8 @@ def test_main_store_end_to_end(tmp_path, capsys):
     assert len(ids) == len(set(ids)) == 4
     data.main(fp32)
     assert "wrote 0 rows" in capsys.readouterr().out
+    answers_main([str(store), "--flush"])  # every folder, each under its own source
+    assert "| leetcode-fp32 | 1 | 1 |" in capsys.readouterr().out
     with pytest.raises(ValueError, match="holds answers of source 'leetcode', not 'math'"):
         AnswerStore(store, "math", folder="leetcode-fp32")
 

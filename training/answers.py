@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--datastore {args.datastore}: a file; it names the folder datastore.safetensors goes into")
     if args.flush:
         for directory in source_dirs(args.root):
-            AnswerStore(args.root, directory.name).flush()
+            AnswerStore(args.root, folder_source(directory), folder=directory.name).flush()
     summary = store_summary(args.root)
     total = {key: sum(s[key] for s in summary.values()) for key in next(iter(summary.values()), {})}
     print("| source | chunks | rows | ended (eos) | prompt tokens | answer tokens | bytes | bytes/token |")
