@@ -216,9 +216,8 @@ class AnswerStore:
         self.source, self.chunk_rows = source, chunk_rows
         self.directory = Path(root) / (folder or source)
         meta = self.directory / META
-        if meta.exists() and folder_source(self.directory) != source:
-            raise ValueError(f"{self.directory} holds answers of source {folder_source(self.directory)!r}, "
-                             f"not {source!r}")
+        if meta.exists() and (held := folder_source(self.directory)) != source:
+            raise ValueError(f"{self.directory} holds answers of source {held!r}, not {source!r}")
         self.directory.mkdir(parents=True, exist_ok=True)
         if settings is not None:
             if meta.exists() and json.loads(meta.read_text())["settings"] != settings:
