@@ -217,3 +217,94 @@ def test_measure_node_cost_and_cost_curve_are_measured_once_per_model():
     assert resolve_node_cost("auto", Calibration(), model, 8) is longer  # no stored cost: the measured curve
     assert resolve_node_cost(flat := CostCurve((1,), (1.0,)), Calibration(), None) is flat
     assert head_features(0.5, 4) == [1.0, 0.0, 0.25]
+
+
+# ---------------------------------------------------------------------------------------------------- online
+
+
+def test_online_calibration_starts_at_the_fitted_estimates():
+    from hf_jetspec.calibration import OnlineCalibration
+
+    base = Calibration(head={"bias": -0.4, "head_logit": 0.9, "depth": 0.3})
+    online = OnlineCalibration(base)
+    x = retrieval_features(0.4, 2, {"context": (0.6, 3, 2)})
+    assert online.head_edge(0.3, 2) == pytest.approx(base.head_edge(0.3, 2))
+    assert online.retrieval_edge(x) == pytest.approx(base.retrieval_edge(x))
+
+
+@pytest.mark.parametrize("rate", [0.05, 0.5, 0.95])
+def test_online_calibration_follows_the_observed_acceptance(rate):
+    """Outcomes drawn at a known acceptance rate for nodes the fitted model puts at 0.5: the shifted estimate
+    approaches the rate (the prior keeps it a little towards 0.5), and the other kind stays as fitted."""
+    from hf_jetspec.calibration import OnlineCalibration
+
+    rng = random.Random(1)
+    online = OnlineCalibration(Calibration(), window=256)
+    x = retrieval_features(None, 1, {})
+    base = Calibration().retrieval_edge(x)
+    z = math.log(base / (1 - base))
+    head_x = head_features(0.5, 1)  # default head model: edge = p = 0.5
+    online.observe([("head", head_x, rng.random() < rate) for _ in range(200)])
+    assert online.head_edge(0.5, 1) == pytest.approx(rate, abs=0.08)
+    assert online.retrieval_edge(x) == pytest.approx(base)  # not observed: unchanged
+    assert abs(online.head_edge(0.5, 1) - rate) < abs(0.5 - rate) or rate == 0.5
+    assert z < 0  # (the retrieval default is below 0.5: the check above is not vacuous)
+
+
+def test_online_calibration_weighs_only_the_latest_window_and_stays_bounded():
+    from hf_jetspec.calibration import OnlineCalibration
+
+    online = OnlineCalibration(Calibration(), window=16, prior=0.1, max_shift=3.0)
+    x = head_features(0.5, 1)
+    online.observe([("head", x, False)] * 500)
+    assert online.shift["head"] == pytest.approx(-3.0)  # bounded
+    assert online.head_edge(0.5, 1) == pytest.approx(1 / (1 + math.exp(3.0)))
+    online.observe([("head", x, True)] * 16)  # the window now holds only acceptances
+    assert online.head_edge(0.5, 1) > 0.7
+    few = OnlineCalibration(Calibration(), prior=4.0)
+    few.observe([("head", x, False)])
+    assert 0.35 < few.head_edge(0.5, 1) < 0.5  # one outcome moves it little
+
+
+def test_online_calibration_adapts_only_the_kinds_named():
+    from hf_jetspec.calibration import OnlineCalibration
+
+    online = OnlineCalibration(Calibration(), kinds=("retrieval",))
+    x = retrieval_features(None, 1, {"context": (1.0, 4, 3)})
+    before = online.retrieval_edge(x)
+    online.observe([("head", head_features(0.5, 1), False)] * 50 + [("retrieval", x, False)] * 50)
+    assert online.head_edge(0.5, 1) == pytest.approx(0.5) and online.retrieval_edge(x) < before / 2
+
+
+@pytest.mark.parametrize("fitted, online, adapted", [
+    ({"head": 0, "retrieval": 0}, None, ("head", "retrieval")),  # defaults: corrected online
+    ({"head": 900, "retrieval": 0}, None, ("retrieval",)),
+    ({"head": 900, "retrieval": 40}, None, ()),  # fitted models are trusted
+    ({"head": 900, "retrieval": 40}, True, ("head", "retrieval")),
+    ({"head": 0, "retrieval": 0}, False, ()),
+])
+def test_the_loop_corrects_unfitted_models_by_default(fitted, online, adapted):
+    from hf_jetspec.calibration import OnlineCalibration
+    from hf_jetspec.decoding.jetspec import online_estimates
+
+    calibration = Calibration(fitted_on=fitted)
+    estimates = online_estimates(calibration, online)
+    if not adapted:
+        assert estimates is calibration
+    else:
+        assert isinstance(estimates, OnlineCalibration) and tuple(estimates.outcomes) == adapted
+
+
+def test_online_calibration_setting_is_checked():
+    from hf_jetspec.decoding.jetspec import online_estimates
+
+    with pytest.raises(ValueError, match="online_calibration= takes True, False or None, got 'yes'"):
+        online_estimates(Calibration(), "yes")
+
+
+@pytest.mark.parametrize("bad", [dict(window=0), dict(prior=0.0), dict(max_shift=-1.0), dict(kinds=("draft",))])
+def test_online_calibration_refuses_bad_settings(bad):
+    from hf_jetspec.calibration import OnlineCalibration
+
+    with pytest.raises(ValueError, match="OnlineCalibration needs"):
+        OnlineCalibration(Calibration(), **bad)

@@ -118,3 +118,90 @@ def test_push_to_hub_carries_datastore_and_calibration(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.utils, "cached_file", cached_file)
     datastore, calibration = hf_jetspec.retrieval.load_retrieval_assets("me/head")
     assert datastore.num_tokens == 6 and calibration.node_cost == 0.02
+
+
+def _recorded_trees(monkeypatch):
+    """Every merged tree the loop builds, as (size, deepest head node) pairs."""
+    from hf_jetspec.decoding import jetspec as loop
+
+    trees, build = [], loop.merged_tree
+
+    def recording(*args, **kwargs):
+        tree, records = build(*args, **kwargs)
+        trees.append((len(tree), loop.deepest_head_node(tree, records)))
+        return tree, records
+
+    monkeypatch.setattr(loop, "merged_tree", recording)
+    return trees
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_online_calibration_shrinks_trees_where_retrieval_is_wrong(monkeypatch, seed):
+    """A prompt that repeats one pattern, which a random target does not continue: the fitted (default) estimates
+    keep proposing it; corrected by the call's own outcomes the trees verify fewer nodes, with the same tokens."""
+    model = make_target("llama", seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    pattern = torch.randint(0, 128, (6,), generator=g)
+    prompt = torch.cat([pattern] * 8)[None]
+    reference = greedy_reference(model, prompt, max_new_tokens=40)
+    sizes = {}
+    for online in (False, True):
+        trees = _recorded_trees(monkeypatch)
+        out = model.generate(prompt, max_new_tokens=40, do_sample=False, custom_generate=hf_jetspec.suffix_generate,
+                             node_cost=0.02, online_calibration=online)
+        assert_same_tokens(reference, out, f"online_calibration={online}")
+        sizes[online] = sum(size for size, _ in trees)
+    assert sizes[True] < sizes[False]
+
+
+def test_draft_depth_follows_the_trees():
+    from hf_jetspec.decoding.jetspec import DraftDepth, deepest_head_node
+    from hf_jetspec.tree import DraftTree
+
+    # a root with a head chain 3 deep and a retrieval chain 5 deep: retrieval nodes do not count
+    tokens, parents, depths = [0, 1, 2, 3, 4, 5, 6, 7, 8], [-1, 0, 1, 2, 0, 4, 5, 6, 7], [0, 1, 2, 3, 1, 2, 3, 4, 5]
+    records = [None] + [("head", [])] * 3 + [("retrieval", [])] * 5
+    assert deepest_head_node(DraftTree.from_lists(tokens, parents, depths, [0.0] * 9), records) == 3
+    assert deepest_head_node(DraftTree.from_lists([0], [-1], [0], [0.0]), [None]) == 0
+
+    limit = DraftDepth(15)
+    assert limit.limit == 15  # the first tree drafts the whole block
+    limit.update(3)
+    assert limit.limit == 5  # the deepest head node + 2
+    limit.update(5)
+    assert limit.limit == 10  # a tree took the limit: doubled
+    limit.update(10)
+    assert limit.limit == 15  # doubled, at most the block
+    for _ in range(8):
+        limit.update(1)
+    assert limit.limit == 3  # the window forgot the deep trees
+    for _ in range(8):
+        limit.update(0)
+    assert limit.limit == 2  # at least `least`
+    assert DraftDepth(1).limit == 1 and DraftDepth(1, least=2).least == 1
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_head_drafts_only_as_deep_as_merged_trees_go(monkeypatch, seed):
+    """With retrieval the head is asked for the depth recent trees used (plus a margin), not the whole block;
+    the tokens stay plain greedy's."""
+    from hf_jetspec.decoding.jetspec import DraftDepth
+    from hf_jetspec.drafters import HeadDrafter
+
+    model = make_target("qwen3", seed=seed)
+    torch.manual_seed(seed)
+    head = JetSpecHead.for_target(model, block_size=12, num_hidden_layers=1)
+    asked, propose = [], HeadDrafter.propose
+    monkeypatch.setattr(HeadDrafter, "propose", lambda self, ids, depth: (asked.append(depth), propose(self, ids,
+                                                                                                        depth))[1])
+    trees = _recorded_trees(monkeypatch)
+    out = model.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=hf_jetspec.jetspec_generate,
+                         draft_head=head, tree_budget=32, node_cost=0.02, return_dict_in_generate=True)
+    assert_same_tokens(greedy_reference(model, PROMPT, max_new_tokens=40), out.sequences)
+    assert len(asked) == len(trees) == len(out.stats.accept_lengths)
+    replay, left = DraftDepth(11), 40 - 1  # the prefill's token is not drafted
+    for depth, (_, used), accepted in zip(asked, trees, out.stats.accept_lengths):
+        assert depth == min(replay.limit, left - 1)  # the controller's limit, or what is left to generate
+        replay.update(used)
+        left -= accepted
+    assert asked[0] == 11 and min(asked[:-3]) < 11  # shallow trees: less than the block is drafted

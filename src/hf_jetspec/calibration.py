@@ -29,6 +29,7 @@ import json
 import math
 import time
 import weakref
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -99,10 +100,14 @@ class Calibration:
         self._w_head = [float(self.head[n]) for n in HEAD_FEATURES]
 
     def head_edge(self, p_head: float, depth: int) -> float:
-        return _sigmoid(sum(w * x for w, x in zip(self._w_head, head_features(p_head, depth))))
+        return _sigmoid(self.edge_logit("head", head_features(p_head, depth)))
 
     def retrieval_edge(self, features: list[float]) -> float:
-        return _sigmoid(sum(w * x for w, x in zip(self._w_retrieval, features)))
+        return _sigmoid(self.edge_logit("retrieval", features))
+
+    def edge_logit(self, kind: str, features: list[float]) -> float:
+        """The logit of a ``kind`` ("head" / "retrieval") node's edge probability from its features."""
+        return sum(w * x for w, x in zip(self._w_head if kind == "head" else self._w_retrieval, features))
 
     # ------------------------------------------------------------------------------------------------ persistence
 
@@ -124,6 +129,60 @@ class Calibration:
             raise
         except (json.JSONDecodeError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: not a valid hf_jetspec calibration ({err})") from None
+
+
+class OnlineCalibration:
+    """A `Calibration` whose intercepts (of the edge models named in ``kinds``) follow one decoding call's own
+    verification outcomes.
+
+    A calibration is fitted offline on some text (the shipped one on ShareGPT chat); on other text its estimates
+    can be far off (retrieval matches in a short prompt that the target never follows; a head on code it was not
+    trained on), and an overconfident tree then verifies nodes that do not pay. After each verified merged tree
+    (`observe`), every node whose parent was accepted is an outcome of its edge estimate; per kind ("head",
+    "retrieval") the intercept shift ``delta`` maximises the likelihood of the latest ``window`` outcomes under
+    ``sigmoid(logit + delta)`` with a Gaussian prior of precision ``prior`` on ``delta`` (a few Newton steps), so
+    with few outcomes the estimates stay the fitted ones. Draws nothing at random and times nothing: the trees stay
+    a function of the tokens, and only their size and order change (never the output, which verification decides).
+    Used by `merged_tree` as its ``calibration`` (`head_edge` / `retrieval_edge`).
+    """
+
+    def __init__(self, base: Calibration, kinds=("head", "retrieval"), window: int = 256, prior: float = 4.0,
+                 max_shift: float = 6.0) -> None:
+        if window < 1 or not prior > 0 or not max_shift >= 0 or not set(kinds) <= {"head", "retrieval"}:
+            raise ValueError(f"OnlineCalibration needs kinds among 'head', 'retrieval', window >= 1, prior > 0, "
+                             f"max_shift >= 0; got {tuple(kinds)}, {window}, {prior}, {max_shift}")
+        self.base, self.prior, self.max_shift = base, float(prior), float(max_shift)
+        self.shift = {"head": 0.0, "retrieval": 0.0}
+        self.outcomes: dict[str, deque] = {kind: deque(maxlen=window) for kind in kinds}
+
+    def head_edge(self, p_head: float, depth: int) -> float:
+        return _sigmoid(self.base.edge_logit("head", head_features(p_head, depth)) + self.shift["head"])
+
+    def retrieval_edge(self, features: list[float]) -> float:
+        return _sigmoid(self.base.edge_logit("retrieval", features) + self.shift["retrieval"])
+
+    def observe(self, outcomes) -> None:
+        """Add ``(kind, features, accepted)`` outcomes (`reached_nodes`) and refit the shifts of the kinds seen (of
+        the ``kinds`` adapted; the others keep the fitted estimates)."""
+        changed = set()
+        for kind, features, accepted in outcomes:
+            if kind not in self.outcomes:
+                continue
+            self.outcomes[kind].append((self.base.edge_logit(kind, features), 1.0 if accepted else 0.0))
+            changed.add(kind)
+        for kind in changed:
+            self.shift[kind] = self._fit(self.outcomes[kind], self.shift[kind])
+
+    def _fit(self, outcomes, delta: float, steps: int = 4) -> float:
+        """Newton steps on ``sum BCE(sigmoid(z + delta), y) + prior delta^2 / 2`` from ``delta`` (convex)."""
+        for _ in range(steps):
+            grad, hess = self.prior * delta, self.prior
+            for z, y in outcomes:
+                p = _sigmoid(max(-LOGIT_CLIP * 4, min(LOGIT_CLIP * 4, z)) + delta)
+                grad += p - y
+                hess += p * (1.0 - p)
+            delta = max(-self.max_shift, min(self.max_shift, delta - grad / hess))
+        return delta
 
 
 # ---------------------------------------------------------------------------------------------------- fitting

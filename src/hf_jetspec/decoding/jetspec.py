@@ -7,10 +7,12 @@ the cache, logits processors and stopping criteria and calls this function with 
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from ..acceptance import DEFAULT_SAMPLING_RULE, accept, check_sampling_rule, draft_distributions
-from ..calibration import Calibration, resolve_node_cost
+from ..calibration import Calibration, OnlineCalibration, resolve_node_cost
 from ..drafters import Drafter, HeadDrafter
 from ..head import JetSpecHead
 from ..limits import check_range, check_tree_limits
@@ -65,14 +67,55 @@ def check_draft(draft, drafter: Drafter, depth: int, vocab: int) -> torch.Tensor
     return draft
 
 
-def log_records(log: list, tree: DraftTree, records: list, visited: list[int]) -> None:
-    """Calibration records of one verified merged tree: every node whose parent was accepted, with its features and
-    whether it was accepted itself."""
+class DraftDepth:
+    """How deep the head drafts for a merged tree: the deepest head node the recent trees took, plus ``margin``,
+    doubled whenever a tree took a node at the limit itself (the limit was what stopped it); between ``least`` and
+    ``most`` (the block). A merged tree stops where nodes no longer pay for their verification, usually a few
+    levels deep, while the head's cost grows with the depth it decodes (its layers and the draft LM head run once
+    per depth): on a CPU drafting 15 depths for a tree 3 deep is most of the head's time. A function of the
+    trees, hence of the tokens: nothing is timed."""
+
+    def __init__(self, most: int, least: int = 2, margin: int = 2, window: int = 8) -> None:
+        self.most, self.least, self.margin = most, min(least, most), margin
+        self.limit = most
+        self.recent: deque[int] = deque(maxlen=window)
+
+    def update(self, used: int) -> None:
+        """After a merged tree whose deepest head node is ``used`` deep (`deepest_head_node`)."""
+        self.recent.append(used)
+        if used >= self.limit:
+            self.limit = min(self.most, 2 * self.limit)
+        else:
+            self.limit = max(self.least, min(self.most, max(self.recent) + self.margin))
+
+
+def online_estimates(calibration: Calibration, online: bool | None) -> "Calibration | OnlineCalibration":
+    """The edge estimates a merged tree uses: ``calibration`` itself, or an `OnlineCalibration` over it adapting
+    every model (``online=True``) or the models it did not fit (None)."""
+    if online is not None and not isinstance(online, bool):
+        raise ValueError(f"online_calibration= takes True, False or None, got {online!r}")
+    kinds = ("head", "retrieval") if online else () if online is False else tuple(
+        kind for kind in ("head", "retrieval") if not calibration.fitted_on.get(kind, 0))
+    return OnlineCalibration(calibration, kinds) if kinds else calibration
+
+
+def deepest_head_node(tree: DraftTree, records: list) -> int:
+    """The depth of a merged tree's deepest node that the head proposed (0: none)."""
+    depths = tree.depths.tolist()
+    return max((depths[node] for node in range(1, len(tree)) if records[node][0] == "head"), default=0)
+
+
+def reached_nodes(tree: DraftTree, records: list, visited: list[int]) -> list[tuple[str, list[float], bool]]:
+    """The outcomes of one verified merged tree: ``(kind, features, accepted)`` for every node whose parent was
+    accepted (the edges the target actually tested)."""
     reached, parents = set(visited), tree.parents.tolist()
-    for node in range(1, len(tree)):
-        if parents[node] in reached:
-            kind, x = records[node]
-            log.append({"kind": kind, "x": x, "accepted": node in reached})
+    return [(*records[node], node in reached) for node in range(1, len(tree)) if parents[node] in reached]
+
+
+def log_records(log: list, tree: DraftTree, records: list, visited: list[int]) -> None:
+    """Calibration records of one verified merged tree (`reached_nodes`), as `hf_jetspec.calibration.fit` reads."""
+    log.extend({"kind": kind, "x": x, "accepted": accepted} for kind, x, accepted in reached_nodes(tree, records,
+                                                                                                  visited))
 
 
 @per_row
@@ -96,6 +139,7 @@ def jetspec_generate(
     calibration: Calibration | None = None,
     node_cost: float | str | None = "auto",
     calibration_log: list | None = None,
+    online_calibration: bool | None = None,
     token_streamer=None,
     generator: torch.Generator | None = None,
     **model_kwargs,
@@ -122,6 +166,7 @@ def jetspec_generate(
             acceptance estimates (`hf_jetspec.tree.merged_tree`). None (default): on, with the head's own datastore
             (``head.datastore``) when it has one, except for the "rrs" sampling rule and the chain builder (head
             only); False: head only; True: on; a `CorpusIndex`: on, with that datastore; a `RetrievalDrafter`.
+            With retrieval the head drafts only as deep as the recent trees went (`DraftDepth`), not its whole block.
         retrieval_depth: the deepest retrieved continuation.
         calibration: the acceptance estimates of merged trees (default: ``head.calibration``, else defaults).
         node_cost: with retrieval, the tree takes the size with the most expected tokens per verification cost
@@ -130,6 +175,11 @@ def jetspec_generate(
             (`hf_jetspec.calibration.measure_cost_curve`); a number (kappa: N nodes cost 1 + kappa N forwards) or a
             `CostCurve`; None = always fill ``tree_budget``.
         calibration_log: a list receiving a calibration record per verified node (`hf_jetspec.calibration.fit`).
+        online_calibration: with retrieval, correct edge models' intercepts from this call's own verification
+            outcomes as it goes (`hf_jetspec.calibration.OnlineCalibration`: trees shrink on text where drafts are
+            rejected more often than the calibration expects, grow where they are accepted more often). None
+            (default): the models the calibration did not fit (``fitted_on`` 0: the defaults, e.g. suffix decoding
+            or a head without ``calibration.json``); True: both; False: neither (the calibration as given).
         token_streamer: a streamer receiving tokens as they are accepted (``generate()`` does not forward its own
             ``streamer=`` to ``custom_generate`` callables; the ``assistant_model`` route forwards it).
         generator: ``torch.Generator`` for reproducible sampling.
@@ -156,19 +206,23 @@ def jetspec_generate(
                          f"{type(calibration_log).__name__}")
     calibration = calibration or getattr(draft_head, "calibration", None) or Calibration()
     kappa = resolve_node_cost(node_cost, calibration, model, tree_budget) if retriever is not None else None
+    estimates = online_estimates(calibration, online_calibration) if retriever is not None else calibration
+    head_depth = DraftDepth(drafter.block_size - 1) if drafter is not None and retriever is not None else None
 
     def draft_tree(session: DecodingSession) -> tuple[DraftTree, torch.Tensor | None, list | None]:
         """This step's tree; for the "rrs" rule also the processed draft distributions it was drawn from; for a
         merged tree the nodes' calibration records."""
         budget = session.node_room(tree_budget)
         depth = min(drafter.block_size - 1, budget - 1, session.max_depth()) if drafter is not None else 0
+        if head_depth is not None:
+            depth = min(depth, head_depth.limit)
         with session.drafting():
             draft = check_draft(drafter.propose(session.ids, depth), drafter, depth, vocab) \
                 if drafter is not None else None
             found = retriever.candidates(session.ids, min(budget - 1, session.max_depth())) if retriever else None
         if retriever is not None:
             probs = torch.softmax(draft[:depth].float(), dim=-1) if depth > 0 else None
-            tree, records = merged_tree(session.anchor, probs, found, calibration, budget, tree_width,
+            tree, records = merged_tree(session.anchor, probs, found, estimates, budget, tree_width,
                                         node_cost=kappa, device=session.ids.device)
             return tree, None, records
         if not rejection:
@@ -193,6 +247,11 @@ def jetspec_generate(
             session.commit(visited)
             if drafter is not None:
                 drafter.observe(session.features, visited)
-            if calibration_log is not None and records is not None:
-                log_records(calibration_log, tree, records, visited)
+            if records is not None:
+                if calibration_log is not None:
+                    log_records(calibration_log, tree, records, visited)
+                if estimates is not calibration:
+                    estimates.observe(reached_nodes(tree, records, visited))
+                if head_depth is not None:
+                    head_depth.update(deepest_head_node(tree, records))
         return session.finish()

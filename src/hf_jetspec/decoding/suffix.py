@@ -34,6 +34,7 @@ def suffix_generate(
     calibration: Calibration | None = None,
     node_cost: float | str | None = "auto",
     calibration_log: list | None = None,
+    online_calibration: bool | None = None,
     tree_kernel: bool | None = None,
     token_streamer=None,
     generator: torch.Generator | None = None,
@@ -45,8 +46,9 @@ def suffix_generate(
     Args (beyond ``generate()``'s own): ``datastore``: a `CorpusIndex` of token ids made with this model's tokenizer
     (None: only this call's own text); ``tree_budget``: most nodes per step (fewer when a smaller size gives more
     expected tokens per verification cost: ``node_cost``); ``retrieval_depth``, ``calibration``, ``node_cost``,
-    ``calibration_log``, ``tree_kernel``, ``token_streamer``, ``generator``: as in `jetspec_generate`. A head's
-    arguments (`HEAD_ARGUMENTS`) are refused by name unless None.
+    ``calibration_log``, ``online_calibration`` (by default on: suffix decoding's retrieval model is the default
+    one unless ``calibration`` brings a fitted one), ``tree_kernel``, ``token_streamer``, ``generator``: as in
+    `jetspec_generate`. A head's arguments (`HEAD_ARGUMENTS`) are refused by name unless None.
     """
     misplaced = sorted(k for k in HEAD_ARGUMENTS if model_kwargs.pop(k, None) is not None)
     if misplaced:
@@ -58,5 +60,6 @@ def suffix_generate(
         draft_head=None, tree_budget=tree_budget, tree_kernel=tree_kernel,
         retrieval=datastore if datastore is not None else True, retrieval_depth=retrieval_depth,
         calibration=calibration, node_cost=node_cost, calibration_log=calibration_log,
+        online_calibration=online_calibration,
         token_streamer=token_streamer, generator=generator, **model_kwargs,
     )
