@@ -462,3 +462,27 @@ def test_train_command_regularisation_and_early_stopping(model_dir, tmp_path, ca
     assert started.startswith(f"the target's decoder layers [{target.config.num_hidden_layers - 2}, ")
     assert main([*fresh, "--init-head", str(out_dir)]) == 2  # the trainer's own argparse error, before loading
     assert "--init-head and --init-from-target" in capsys.readouterr().err
+
+
+def test_compare_explains_a_result_below_plain_generate(model_dir, monkeypatch, capsys):
+    """Below 1x the comparison says why (with the run's tau) instead of leaving a bare number; at or above 1x it
+    says nothing more."""
+    real = cli.timed_generate
+
+    def timed(slower):
+        def run(model, ids, kwargs, seed):
+            sequences, seconds, stats = real(model, ids, kwargs, seed)
+            return sequences, (2.0 if "custom_generate" in kwargs and slower else 1.0), stats
+        return run
+
+    args = ["generate", "--model", str(model_dir / "model"), "--head", str(model_dir / "head"), "--max-new-tokens",
+            "5", "--compare", "--repeats", "1", "hi"]
+    monkeypatch.setattr(cli, "timed_generate", timed(slower=True))
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "speedup 0.50x" in captured.out
+    assert "note: below 1x here" in captured.err and "tau " in captured.err and "section 9" in captured.err
+    monkeypatch.setattr(cli, "timed_generate", timed(slower=False))
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "speedup 1.00x" in captured.out and "below 1x" not in captured.err

@@ -178,14 +178,15 @@ def cmd_generate(args) -> int:
     if new >= args.max_new_tokens and int(sequences[0, -1]) not in _eos_ids(model):
         _note(f"the answer was cut at --max-new-tokens {args.max_new_tokens}; raise it for the rest")
     if compare:
-        return report_comparison(args, model, ids, sequences, kwargs, plain)
+        return report_comparison(args, model, ids, sequences, kwargs, plain, tau)
     return 0
 
 
-def report_comparison(args, model, ids, streamed, kwargs: dict, plain: dict) -> int:
+def report_comparison(args, model, ids, streamed, kwargs: dict, plain: dict, tau: float | None = None) -> int:
     """--compare: ``args.repeats`` interleaved runs of the strategy and of plain generate (alternating which goes
-    first); prints median tokens/s, the median per-pair speedup with its spread, and whether the outputs match.
-    Returns 1 when a float32 greedy output differs from plain greedy's (a bug), else 0."""
+    first); prints median tokens/s, the median per-pair speedup with its spread, and whether the outputs match;
+    below 1x, a note on why (``tau``: the streamed run's tokens per target forward). Returns 1 when a float32 greedy
+    output differs from plain greedy's (a bug), else 0."""
     import torch
 
     prompt_len = ids.shape[1]
@@ -226,7 +227,19 @@ def report_comparison(args, model, ids, streamed, kwargs: dict, plain: dict) -> 
                            f"reduced-precision drift in {args.dtype} (multi-token forwards round differently from "
                            "one-token steps; identical in float32, see docs/compatibility.md)")
     print(f"speedup {speedup:.2f}x (median of {args.repeats}; spread {low:.2f}x-{high:.2f}x), {verdict}")
+    if speedup < 1.0:
+        _note(slower_note(tau))
     return 1 if verdict.startswith("output DIFFERENT") else 0
+
+
+def slower_note(tau: float | None) -> str:
+    """Why a --compare came out below plain generate()."""
+    accepted = f" (tau {tau:.2f} tokens per target forward)" if tau is not None else ""
+    return (f"below 1x here: a step's drafting and verification cost more than the tokens it accepted{accepted} "
+            "save. Drafting pays on longer, more predictable answers (code, math, repeated text) and where a forward "
+            "over a few tokens costs about what one token's does (a GPU; a CPU with AVX-512; not a CPU busy with "
+            "other work): `hf-jetspec bench` compares strategies on MT-Bench; docs/results.md section 9 measures a "
+            "CPU where short chat answers run below 1x.")
 
 
 # --------------------------------------------------------------------------------------------------------- bench
