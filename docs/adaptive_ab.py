@@ -25,7 +25,7 @@ import time
 import hf_jetspec
 from hf_jetspec.calibration import measure_cost_curve
 from hf_jetspec.cpu import tune_mkl
-from hf_jetspec.decoding import jetspec as loop
+from hf_jetspec.decoding.adaptive import DraftDepth
 from hf_jetspec.models import default_head, default_model
 from hf_jetspec.prompts import code_math_prompts, mt_bench_prompts
 
@@ -36,7 +36,7 @@ VARIANTS = {  # name: (head, online calibration, adaptive depth)
     "jetspec": (True, False, False), "jetspec+online": (True, True, False), "jetspec+depth": (True, False, True),
     "jetspec+both": (True, True, True), "suffix": (False, False, False), "suffix+online": (False, True, False),
 }
-ADAPTIVE_UPDATE = loop.DraftDepth.update
+ADAPTIVE_UPDATE = DraftDepth.update
 
 
 def main() -> None:
@@ -61,7 +61,7 @@ def main() -> None:
             return model.generate(**x, max_new_tokens=args.new_tokens, do_sample=False)[0].tolist(), \
                 time.perf_counter() - start, 1.0
         with_head, online, depth = VARIANTS[name]
-        loop.DraftDepth.update = ADAPTIVE_UPDATE if depth else (lambda self, used: None)  # off: the whole block
+        DraftDepth.update = ADAPTIVE_UPDATE if depth else (lambda self, used: None)  # off: the whole block
         drafting = dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=head) if with_head else \
             dict(custom_generate=hf_jetspec.suffix_generate, datastore=head.datastore)  # as `hf-jetspec bench`
         out = model.generate(**x, **drafting, node_cost=curve, online_calibration=online,

@@ -285,7 +285,7 @@ def test_online_calibration_adapts_only_the_kinds_named():
 ])
 def test_the_loop_corrects_unfitted_models_by_default(fitted, online, adapted):
     from hf_jetspec.calibration import OnlineCalibration
-    from hf_jetspec.decoding.jetspec import online_estimates
+    from hf_jetspec.decoding.adaptive import online_estimates
 
     calibration = Calibration(fitted_on=fitted)
     estimates = online_estimates(calibration, online)
@@ -296,7 +296,7 @@ def test_the_loop_corrects_unfitted_models_by_default(fitted, online, adapted):
 
 
 def test_online_calibration_setting_is_checked():
-    from hf_jetspec.decoding.jetspec import online_estimates
+    from hf_jetspec.decoding.adaptive import online_estimates
 
     with pytest.raises(ValueError, match="online_calibration= takes True, False or None, got 'yes'"):
         online_estimates(Calibration(), "yes")

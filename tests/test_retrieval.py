@@ -123,12 +123,13 @@ def test_push_to_hub_carries_datastore_and_calibration(tmp_path, monkeypatch):
 def _recorded_trees(monkeypatch):
     """Every merged tree the loop builds, as (size, deepest head node) pairs."""
     from hf_jetspec.decoding import jetspec as loop
+    from hf_jetspec.decoding.adaptive import deepest_head_node
 
     trees, build = [], loop.merged_tree
 
     def recording(*args, **kwargs):
         tree, records = build(*args, **kwargs)
-        trees.append((len(tree), loop.deepest_head_node(tree, records)))
+        trees.append((len(tree), deepest_head_node(tree, records)))
         return tree, records
 
     monkeypatch.setattr(loop, "merged_tree", recording)
@@ -155,7 +156,7 @@ def test_online_calibration_shrinks_trees_where_retrieval_is_wrong(monkeypatch, 
 
 
 def test_draft_depth_follows_the_trees():
-    from hf_jetspec.decoding.jetspec import DraftDepth, deepest_head_node
+    from hf_jetspec.decoding.adaptive import DraftDepth, deepest_head_node
     from hf_jetspec.tree import DraftTree
 
     # a root with a head chain 3 deep and a retrieval chain 5 deep: retrieval nodes do not count
@@ -185,7 +186,7 @@ def test_draft_depth_follows_the_trees():
 def test_the_head_drafts_only_as_deep_as_merged_trees_go(monkeypatch, seed):
     """With retrieval the head is asked for the depth recent trees used (plus a margin), not the whole block;
     the tokens stay plain greedy's."""
-    from hf_jetspec.decoding.jetspec import DraftDepth
+    from hf_jetspec.decoding.adaptive import DraftDepth
     from hf_jetspec.drafters import HeadDrafter
 
     model = make_target("qwen3", seed=seed)
