@@ -2,7 +2,8 @@
 (the calibration's intercepts follow the call's own verification outcomes) and ``DraftDepth`` (the head drafts as
 deep as recent trees went, not the whole block).
 
-    .venv/bin/python docs/adaptive_ab.py [--new-tokens 96] [--rounds 3] [--json FILE]
+    .venv/bin/python docs/adaptive_ab.py [--new-tokens 96] [--rounds 3] [--json FILE] [--variants LIST]
+        [--calibration DIR]
 
 SmolLM2-135M-Instruct with the shipped head, datastore and calibration; the chat prompts of docs/tree_size_ab.py,
 the first and last two prompts of the bundled code/math set and every 20th MT-Bench first turn; one measured
@@ -23,7 +24,7 @@ import statistics
 import time
 
 import hf_jetspec
-from hf_jetspec.calibration import measure_cost_curve
+from hf_jetspec.calibration import Calibration, measure_cost_curve
 from hf_jetspec.cpu import tune_mkl
 from hf_jetspec.decoding.adaptive import DraftDepth
 from hf_jetspec.models import default_head, default_model
@@ -44,11 +45,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the per-round times and taus here")
+    parser.add_argument("--variants", help=f"comma list of the variants to run (default: all of {list(VARIANTS)})")
+    parser.add_argument("--calibration", help="also run jetspec+depth+cal: jetspec+depth with this calibration.json")
     args = parser.parse_args()
     tune_mkl()  # as the hf-jetspec command does
     model, tokenizer = default_model()
     head = default_head(model)
     curve = measure_cost_curve(model, 32)
+    other = Calibration.load(args.calibration) if args.calibration else None
     print("cost curve", [(t, round(c, 3)) for t, c in zip(curve.tokens, curve.cost)], flush=True)
     code_math = code_math_prompts()
     prompts = CHAT + [p.text for p in code_math[:2] + code_math[-2:]] + [p.text for p in mt_bench_prompts()[::20]]
@@ -61,14 +65,21 @@ def main() -> None:
             return model.generate(**x, max_new_tokens=args.new_tokens, do_sample=False)[0].tolist(), \
                 time.perf_counter() - start, 1.0
         with_head, online, depth = VARIANTS[name]
+        chosen = dict(calibration=other) if name.endswith("+cal") else {}
         DraftDepth.update = ADAPTIVE_UPDATE if depth else (lambda self, used: None)  # off: the whole block
         drafting = dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=head) if with_head else \
             dict(custom_generate=hf_jetspec.suffix_generate, datastore=head.datastore)  # as `hf-jetspec bench`
-        out = model.generate(**x, **drafting, node_cost=curve, online_calibration=online,
+        out = model.generate(**x, **drafting, **chosen, node_cost=curve, online_calibration=online,
                              max_new_tokens=args.new_tokens, do_sample=False, return_dict_in_generate=True)
         return out.sequences[0].tolist(), time.perf_counter() - start, out.stats.tau
 
-    names = list(VARIANTS)
+    names = ["plain"] + [n for n in (args.variants.split(",") if args.variants else VARIANTS) if n != "plain"]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    if args.calibration:
+        VARIANTS["jetspec+depth+cal"] = (True, False, True)
+        names.append("jetspec+depth+cal")
     for x in inputs[:2]:  # warm-up
         for name in names:
             run(name, x)
@@ -96,7 +107,8 @@ def main() -> None:
               f"{summary[k]['speedup_median']:.3f}x   taus {[round(t, 2) for t in taus[k]]}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"prompts": prompts, "new_tokens": args.new_tokens, "cost_curve": [curve.tokens, curve.cost],
+            json.dump({"prompts": prompts, "new_tokens": args.new_tokens, "calibration": args.calibration,
+                       "cost_curve": [curve.tokens, curve.cost],
                        "round_seconds": totals, "taus": taus, "summary": summary}, f, indent=1)
 
 
