@@ -29,7 +29,6 @@ import json
 import math
 import time
 import weakref
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -135,8 +134,8 @@ class OnlineCalibration:
     """A `Calibration` whose intercepts (of the edge models named in ``kinds``) follow one decoding call's own
     verification outcomes.
 
-    A calibration is fitted offline on some text (the shipped one on ShareGPT chat); on other text its estimates
-    can be far off (retrieval matches in a short prompt that the target never follows; a head on code it was not
+    A calibration is fitted offline on some text (the shipped one on prompts of its head's training sources); on
+    other text its estimates can be far off (retrieval matches in a short prompt that the target never follows; a head on code it was not
     trained on), and an overconfident tree then verifies nodes that do not pay. After each verified merged tree
     (`observe`), every node whose parent was accepted is an outcome of its edge estimate; per kind ("head",
     "retrieval") the intercept shift ``delta`` maximises the likelihood of the latest ``window`` outcomes under
@@ -151,9 +150,11 @@ class OnlineCalibration:
         if window < 1 or not prior > 0 or not max_shift >= 0 or not set(kinds) <= {"head", "retrieval"}:
             raise ValueError(f"OnlineCalibration needs kinds among 'head', 'retrieval', window >= 1, prior > 0, "
                              f"max_shift >= 0; got {tuple(kinds)}, {window}, {prior}, {max_shift}")
-        self.base, self.prior, self.max_shift = base, float(prior), float(max_shift)
+        self.base, self.prior, self.max_shift, self.window = base, float(prior), float(max_shift), window
         self.shift = {"head": 0.0, "retrieval": 0.0}
-        self.outcomes: dict[str, deque] = {kind: deque(maxlen=window) for kind in kinds}
+        # per adapted kind, a ring of the latest outcomes: [window, 2] (fitted logit, accepted), and how many came
+        self.outcomes: dict[str, torch.Tensor] = {kind: torch.zeros(window, 2, dtype=torch.float64) for kind in kinds}
+        self.seen = dict.fromkeys(kinds, 0)
 
     def head_edge(self, p_head: float, depth: int) -> float:
         return _sigmoid(self.base.edge_logit("head", head_features(p_head, depth)) + self.shift["head"])
@@ -164,24 +165,32 @@ class OnlineCalibration:
     def observe(self, outcomes) -> None:
         """Add ``(kind, features, accepted)`` outcomes (`reached_nodes`) and refit the shifts of the kinds seen (of
         the ``kinds`` adapted; the others keep the fitted estimates)."""
-        changed = set()
+        new: dict[str, list] = {kind: [] for kind in self.outcomes}
         for kind, features, accepted in outcomes:
-            if kind not in self.outcomes:
+            if kind in new:
+                z = max(-4 * LOGIT_CLIP, min(4 * LOGIT_CLIP, self.base.edge_logit(kind, features)))
+                new[kind].append((z, 1.0 if accepted else 0.0))
+        for kind, rows in new.items():
+            if not rows:
                 continue
-            self.outcomes[kind].append((self.base.edge_logit(kind, features), 1.0 if accepted else 0.0))
-            changed.add(kind)
-        for kind in changed:
-            self.shift[kind] = self._fit(self.outcomes[kind], self.shift[kind])
+            rows = rows[-self.window:]
+            slots = torch.arange(self.seen[kind], self.seen[kind] + len(rows)) % self.window
+            self.outcomes[kind][slots] = torch.tensor(rows, dtype=torch.float64)
+            self.seen[kind] += len(rows)
+            self.shift[kind] = self._fit(self.outcomes[kind][: min(self.seen[kind], self.window)], self.shift[kind])
 
-    def _fit(self, outcomes, delta: float, steps: int = 4) -> float:
-        """Newton steps on ``sum BCE(sigmoid(z + delta), y) + prior delta^2 / 2`` from ``delta`` (convex)."""
+    def _fit(self, outcomes: torch.Tensor, delta: float, steps: int = 4) -> float:
+        """Newton steps on ``sum BCE(sigmoid(z + delta), y) + prior delta^2 / 2`` over ``outcomes [n, 2]`` (z, y)
+        from ``delta`` (convex)."""
+        z, y = outcomes[:, 0], outcomes[:, 1]
         for _ in range(steps):
-            grad, hess = self.prior * delta, self.prior
-            for z, y in outcomes:
-                p = _sigmoid(max(-LOGIT_CLIP * 4, min(LOGIT_CLIP * 4, z)) + delta)
-                grad += p - y
-                hess += p * (1.0 - p)
-            delta = max(-self.max_shift, min(self.max_shift, delta - grad / hess))
+            p = torch.sigmoid(z + delta)
+            grad = float((p - y).sum()) + self.prior * delta
+            hess = float((p * (1.0 - p)).sum()) + self.prior
+            step = max(-self.max_shift, min(self.max_shift, delta - grad / hess)) - delta
+            delta += step
+            if abs(step) < 1e-3:  # from the last tree's shift one or two steps usually suffice
+                break
         return delta
 
 
