@@ -135,12 +135,12 @@ class OnlineCalibration:
     verification outcomes.
 
     A calibration is fitted offline on some text (the shipped one on prompts of its head's training sources); on
-    other text its estimates can be far off (retrieval matches in a short prompt that the target never follows; a head on code it was not
-    trained on), and an overconfident tree then verifies nodes that do not pay. After each verified merged tree
-    (`observe`), every node whose parent was accepted is an outcome of its edge estimate; per kind ("head",
-    "retrieval") the intercept shift ``delta`` maximises the likelihood of the latest ``window`` outcomes under
-    ``sigmoid(logit + delta)`` with a Gaussian prior of precision ``prior`` on ``delta`` (a few Newton steps), so
-    with few outcomes the estimates stay the fitted ones. Draws nothing at random and times nothing: the trees stay
+    other text its estimates can be far off (retrieval matches in a short prompt that the target never follows; a
+    head on code it was not trained on), and an overconfident tree then verifies nodes that do not pay. After each
+    verified merged tree (`observe`), every node whose parent was accepted is an outcome of its edge estimate; per
+    kind ("head", "retrieval") the intercept shift ``delta`` maximises the likelihood of the latest ``window``
+    outcomes under ``sigmoid(logit + delta)`` with a Gaussian prior of precision ``prior`` on ``delta`` (a few
+    Newton steps), so with few outcomes the estimates stay the fitted ones. Draws nothing at random and times nothing: the trees stay
     a function of the tokens, and only their size and order change (never the output, which verification decides).
     Used by `merged_tree` as its ``calibration`` (`head_edge` / `retrieval_edge`).
     """

@@ -66,10 +66,10 @@ def check_draft(draft, drafter: Drafter, depth: int, vocab: int) -> torch.Tensor
     return draft
 
 
-def log_records(log: list, tree: DraftTree, records: list, visited: list[int]) -> None:
-    """Calibration records of one verified merged tree (`reached_nodes`), as `hf_jetspec.calibration.fit` reads."""
-    log.extend({"kind": kind, "x": x, "accepted": accepted} for kind, x, accepted in reached_nodes(tree, records,
-                                                                                                  visited))
+def log_records(log: list, outcomes: list) -> None:
+    """Calibration records of one verified merged tree's outcomes (`reached_nodes`), as
+    `hf_jetspec.calibration.fit` reads them."""
+    log.extend({"kind": kind, "x": x, "accepted": accepted} for kind, x, accepted in outcomes)
 
 
 @per_row
@@ -202,10 +202,12 @@ def jetspec_generate(
             if drafter is not None:
                 drafter.observe(session.features, visited)
             if records is not None:
-                if calibration_log is not None:
-                    log_records(calibration_log, tree, records, visited)
-                if estimates is not calibration:
-                    estimates.observe(reached_nodes(tree, records, visited))
+                if calibration_log is not None or estimates is not calibration:
+                    outcomes = reached_nodes(tree, records, visited)  # once for the log and the estimates
+                    if calibration_log is not None:
+                        log_records(calibration_log, outcomes)
+                    if estimates is not calibration:
+                        estimates.observe(outcomes)
                 if head_depth is not None:
                     head_depth.update(deepest_head_node(tree, records))
         return session.finish()
