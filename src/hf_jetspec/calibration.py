@@ -140,9 +140,9 @@ class OnlineCalibration:
     verified merged tree (`observe`), every node whose parent was accepted is an outcome of its edge estimate; per
     kind ("head", "retrieval") the intercept shift ``delta`` maximises the likelihood of the latest ``window``
     outcomes under ``sigmoid(logit + delta)`` with a Gaussian prior of precision ``prior`` on ``delta`` (a few
-    Newton steps), so with few outcomes the estimates stay the fitted ones. Draws nothing at random and times nothing: the trees stay
-    a function of the tokens, and only their size and order change (never the output, which verification decides).
-    Used by `merged_tree` as its ``calibration`` (`head_edge` / `retrieval_edge`).
+    Newton steps), so with few outcomes the estimates stay the fitted ones. Draws nothing at random and times
+    nothing: the trees stay a function of the tokens, and only their size and order change (never the output, which
+    verification decides). Used by `merged_tree` as its ``calibration`` (`head_edge` / `retrieval_edge`).
     """
 
     def __init__(self, base: Calibration, kinds=("head", "retrieval"), window: int = 256, prior: float = 4.0,
