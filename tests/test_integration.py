@@ -3,6 +3,9 @@ criteria, returned scores, caches, attention implementations and clear errors.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import transformers
@@ -52,6 +55,23 @@ def test_enable_touches_only_that_instance():
     head = JetSpecHead.for_target(b)
     with pytest.raises(AttributeError, match="enable"):
         b.generate(PROMPT, max_new_tokens=3, do_sample=False, assistant_model=head)
+
+
+def test_the_enable_hint_ends_the_error_a_user_sees():
+    """Uncaught, Python printed its own suggestion after the hint ("... draft_head=head)`.. Did you mean:
+    'generation_config_class'?"), pointing at an attribute that is no fix."""
+    script = (
+        "import torch, transformers, hf_jetspec\n"
+        "config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,"
+        " num_attention_heads=2, num_key_value_heads=2)\n"
+        "model = transformers.LlamaForCausalLM(config)\n"
+        "head = hf_jetspec.JetSpecHead.for_target(model)\n"
+        "model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, do_sample=False, assistant_model=head)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode == 1 and last.startswith("AttributeError: JetSpecHead is a draft head"), run.stderr[-2000:]
+    assert last.endswith("draft_head=head)`."), last
 
 
 def test_assistant_route_returns_several_sequences():

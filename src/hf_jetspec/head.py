@@ -393,7 +393,7 @@ class JetSpecHead(PreTrainedModel):
     # AttributeError, so `hasattr(head, "generation_config")` stays False for code that probes it.)
     def __getattr__(self, name: str):
         if name == "generation_config":
-            raise AttributeError(NOT_A_LANGUAGE_MODEL)
+            raise AttributeError(NOT_A_LANGUAGE_MODEL, name=name, obj=None)  # no obj: Python suggests nothing
         return super().__getattr__(name)
 
     def generate(self, *args, **kwargs):
