@@ -10,6 +10,9 @@
     python tests/fuzz.py shapes 0 160       # random config variants of 16 families (vocabulary, heads, KV heads,
                                             # head size, depth, tied embeddings, bias, RoPE scaling, windows):
                                             # JetSpec (oracle, untrained head), suffix, Jacobi == plain greedy
+    python tests/fuzz.py real 0 30          # the embedded SmolLM2 and its shipped head on a stored prompt of
+                                            # data/answers (a source per case): six greedy routes == plain greedy
+                                            # (with a random processor), two sampling routes draw for draw
 
 Prints every failing case with its settings and the count at the end (exit status 1 if any failed). Not collected
 by pytest (too slow for the suite: ~4-15 s per case on 2 cores); the suite runs the same checks at fixed indices.
@@ -17,6 +20,7 @@ by pytest (too slow for the suite: ~4-15 s per case on 2 cores); the suite runs 
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import time
@@ -203,10 +207,62 @@ def shapes(i: int) -> list[str]:
     return problems
 
 
+REAL_SOURCES = ["sharegpt-turns", "math", "leetcode", "magpie", "sharegpt-open"]
+
+
+@functools.cache
+def real_target():
+    """SmolLM2-135M-Instruct (float32) enabled for assistant heads, its shipped head, and per source the stored
+    prompts of at most 350 tokens (a real model, a trained head, text no test reads)."""
+    from hf_jetspec.training.answers import read_answers
+
+    model, _ = hf_jetspec.default_model()
+    hf_jetspec.enable(model)
+    pools = {source: [r["input_ids"][: r["prompt_len"]] for r in read_answers("data/answers", [source])
+                      if r["prompt_len"] <= 350] for source in REAL_SOURCES}
+    return model, hf_jetspec.default_head(model), pools
+
+
+def real(i: int) -> list[str]:
+    model, head, pools = real_target()
+    rng, problems = random.Random(i), []
+    source = REAL_SOURCES[i % len(REAL_SOURCES)]
+    prompt = torch.tensor([rng.choice(pools[source])])
+    new, processor = rng.choice([24, 64, 100]), rng.choice([{}, {}, dict(repetition_penalty=1.15),
+                                                             dict(no_repeat_ngram_size=4)])
+    reference = model.generate(prompt, do_sample=False, max_new_tokens=new, **processor)
+    jetspec = dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=head)
+    greedy_runs = {"assistant": dict(assistant_model=head),
+                   "jetspec": jetspec | dict(tree_budget=rng.choice([4, 16, 48])),
+                   "head-only": jetspec | dict(retrieval=False, tree_budget=rng.choice([2, 8, 24])),
+                   "chain": jetspec | dict(tree_builder="chain"),
+                   "suffix": dict(custom_generate=hf_jetspec.suffix_generate),
+                   "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate)}
+    for name, extra in greedy_runs.items():
+        try:
+            assert_same_tokens(reference, model.generate(prompt, do_sample=False, max_new_tokens=new, **processor,
+                                                         **extra))
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{name} {source} {prompt.shape[1]} tokens {new} new {processor} {type(e).__name__}: "
+                            f"{str(e)[:400]}")
+    warpers = rng.choice(WARPERS)
+    for name, extra in {"assistant-sampling": dict(assistant_model=head),
+                        "suffix-sampling": dict(custom_generate=hf_jetspec.suffix_generate)}.items():
+        torch.manual_seed(i)
+        plain = model.generate(prompt, do_sample=True, max_new_tokens=new, **warpers)
+        torch.manual_seed(i)
+        try:
+            out = model.generate(prompt, do_sample=True, max_new_tokens=new, **warpers, **extra)
+            assert out.tolist() == plain.tolist(), "draws differ"
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{name} {source} {warpers} {type(e).__name__}: {str(e)[:400]}")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     mode, start, stop = argv[0], int(argv[1]), int(argv[2])
     check, failed, began = {"greedy": greedy, "batch": batch, "sample": sample, "continue": continuation,
-                               "shapes": shapes}[mode], 0, time.time()
+                               "shapes": shapes, "real": real}[mode], 0, time.time()
     for i in range(start, stop):
         for problem in check(i):
             failed += 1
