@@ -15,7 +15,8 @@
                                             # (with a random processor), two sampling routes draw for draw
 
 Prints every failing case with its settings and the count at the end (exit status 1 if any failed). Not collected
-by pytest (too slow for the suite: ~4-15 s per case on 2 cores); the suite runs the same checks at fixed indices.
+by pytest (too slow for the suite: ~4-15 s per case on 2 cores, ~1 min for `real`); the suite runs the same checks
+at fixed indices.
 """
 
 from __future__ import annotations
@@ -213,7 +214,7 @@ REAL_SOURCES = ["sharegpt-turns", "math", "leetcode", "magpie", "sharegpt-open"]
 @functools.cache
 def real_target():
     """SmolLM2-135M-Instruct (float32) enabled for assistant heads, its shipped head, and per source the stored
-    prompts of at most 350 tokens (a real model, a trained head, text no test reads)."""
+    prompts of at most 350 tokens (a real model, a trained head, text no test decodes from)."""
     from hf_jetspec.training.answers import read_answers
 
     model, _ = hf_jetspec.default_model()
@@ -246,10 +247,10 @@ def real(i: int) -> list[str]:
             problems.append(f"{name} {source} {prompt.shape[1]} tokens {new} new {processor} {type(e).__name__}: "
                             f"{str(e)[:400]}")
     warpers = rng.choice(WARPERS)
+    torch.manual_seed(i)
+    plain = model.generate(prompt, do_sample=True, max_new_tokens=new, **warpers)
     for name, extra in {"assistant-sampling": dict(assistant_model=head),
                         "suffix-sampling": dict(custom_generate=hf_jetspec.suffix_generate)}.items():
-        torch.manual_seed(i)
-        plain = model.generate(prompt, do_sample=True, max_new_tokens=new, **warpers)
         torch.manual_seed(i)
         try:
             out = model.generate(prompt, do_sample=True, max_new_tokens=new, **warpers, **extra)
