@@ -300,6 +300,7 @@ def test_main_store_end_to_end(tmp_path, capsys):
     assert meta["source"] == "leetcode" and meta["settings"]["dtype"] == "fp32"
     ids = [r["id"] for r in read_rows(store)]
     assert len(ids) == len(set(ids)) == 4
+    assert not (store / "math-fp32").exists()  # its one prompt is answered in math/: no empty folder is left
     data.main(fp32)
     assert "wrote 0 rows" in capsys.readouterr().out
     answers_main([str(store), "--flush"])  # every folder, each under its own source

@@ -291,7 +291,11 @@ def test_chunk_round_trip(tmp_path):
 def test_store_resumes_and_reads_back(tmp_path):
     settings = {"model": "m", "dtype": "bf16", "max_new_tokens": 4, "temperature": 0.0}
     store = answers.AnswerStore(tmp_path, "src", settings=settings, chunk_rows=4)
+    store.add([])
+    store.flush()
+    assert not (tmp_path / "src").exists()  # the folder and its meta.json come with the first row
     store.add(_rows("a", 3))
+    assert json.loads((tmp_path / "src" / answers.META).read_text())["settings"] == settings
     assert answers.chunk_paths(tmp_path / "src") == []
     store.add(_rows("a", 3, start=3))  # 6 rows: one chunk of 4, 2 pending
     assert [p.name for p in answers.chunk_paths(tmp_path / "src")] == ["chunk-00000.safetensors"]

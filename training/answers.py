@@ -218,13 +218,10 @@ class AnswerStore:
         meta = self.directory / META
         if meta.exists() and (held := folder_source(self.directory)) != source:
             raise ValueError(f"{self.directory} holds answers of source {held!r}, not {source!r}")
-        self.directory.mkdir(parents=True, exist_ok=True)
-        if settings is not None:
-            if meta.exists() and json.loads(meta.read_text())["settings"] != settings:
-                raise ValueError(f"{self.directory} holds answers made with other settings: "
-                                 f"{json.loads(meta.read_text())['settings']} (now {settings})")
-            if not meta.exists():
-                meta.write_text(json.dumps({"format": FORMAT, "source": source, "settings": settings}, indent=1) + "\n")
+        if settings is not None and meta.exists() and json.loads(meta.read_text())["settings"] != settings:
+            raise ValueError(f"{self.directory} holds answers made with other settings: "
+                             f"{json.loads(meta.read_text())['settings']} (now {settings})")
+        self.settings = settings
         for stale in self.directory.glob(".chunk-*.tmp-*"):  # an interrupted write (never renamed into place)
             stale.unlink()
         self.done: set[str] = set()
@@ -241,8 +238,18 @@ class AnswerStore:
                 os.replace(path, path.with_name(path.name + ".torn"))
         pending = self.directory / PENDING
         self.pending = [r for r in _pending_rows(pending) if r["id"] not in self.done]
-        self._rewrite_pending()
+        if self.directory.is_dir():
+            self._rewrite_pending()
         self.done.update(r["id"] for r in self.pending)
+
+    def _open_folder(self) -> None:
+        """Create the folder and its ``meta.json`` with the first row, so that opening a store for a source whose
+        prompts are all answered elsewhere leaves no empty folder behind."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        meta = self.directory / META
+        if self.settings is not None and not meta.exists():
+            meta.write_text(json.dumps({"format": FORMAT, "source": self.source, "settings": self.settings},
+                                       indent=1) + "\n")
 
     def _rewrite_pending(self) -> None:
         _replace_text(self.directory / PENDING, "".join(json.dumps(r) + "\n" for r in self.pending))
@@ -250,6 +257,9 @@ class AnswerStore:
     def add(self, rows: Sequence[dict]) -> None:
         """Record finished rows (appended to the pending file at once); full chunks are written out."""
         rows = [{k: r[k] for k in ("id", "input_ids", "prompt_len", "finish")} for r in rows]
+        if not rows:
+            return
+        self._open_folder()
         with open(self.directory / PENDING, "a", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
             f.flush()
