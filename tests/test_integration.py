@@ -48,6 +48,23 @@ def test_assistant_model_route(family):
     assert_same_tokens(reference, model.generate(PROMPT, max_new_tokens=30, do_sample=False, assistant_model=assistant))
 
 
+def test_assistant_settings_a_head_does_not_read_are_named(recwarn):
+    """transformers' assistant settings (`num_assistant_tokens`, prompt lookup's, ...) do not size a head's tree:
+    the head route says so instead of dropping them silently, and stays silent when none was asked for (generate()
+    fills every unset one with its default)."""
+    model = hf_jetspec.enable(make_target("llama"))
+    head = JetSpecHead.for_target(model, block_size=6, tree_budget=8)
+    reference = greedy_reference(model, PROMPT, max_new_tokens=12)
+    assert_same_tokens(reference, model.generate(PROMPT, max_new_tokens=12, do_sample=False, assistant_model=head))
+    assert not [w for w in recwarn if "JetSpecHead does not read" in str(w.message)]
+    for settings, named in [({"num_assistant_tokens": 5}, "num_assistant_tokens=5: a setting"),
+                            ({"assistant_confidence_threshold": 0.1, "prompt_lookup_num_tokens": 3},
+                             "assistant_confidence_threshold=0.1, prompt_lookup_num_tokens=3: settings")]:
+        with pytest.warns(UserWarning, match=f"{named} .*head.config.tree_budget=8"):
+            out = model.generate(PROMPT, max_new_tokens=12, do_sample=False, assistant_model=head, **settings)
+        assert_same_tokens(reference, out)
+
+
 def test_enable_touches_only_that_instance():
     a, b = make_target("qwen3"), make_target("qwen3")
     hf_jetspec.enable(a)
