@@ -29,8 +29,9 @@ ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "
 
 
 def warn_unused_assistant_settings(generation_config, head: JetSpecHead) -> None:
-    """Warn (once per call) about transformers' assistant settings set on ``generation_config``: the head route
-    does not read them, and silently dropping e.g. ``num_assistant_tokens=5`` would look like it took effect."""
+    """A `UserWarning` naming transformers' assistant settings set on ``generation_config`` (Python's default
+    filter shows it once per place in the code): the head route does not read them, and silently dropping e.g.
+    ``num_assistant_tokens=5`` would look like it took effect."""
     # generate() fills unset fields with these defaults (transformers >= 5.0): only other values were asked for
     defaults = getattr(type(generation_config), "_get_default_generation_params", dict)()
     unused = {k: v for k in ASSISTANT_SETTINGS
@@ -38,9 +39,10 @@ def warn_unused_assistant_settings(generation_config, head: JetSpecHead) -> None
     if unused:
         settings = ", ".join(f"{k}={v!r}" for k, v in unused.items())
         warnings.warn(f"{settings}: {'a setting' if len(unused) == 1 else 'settings'} of transformers' own "
-                      f"assistants, which a JetSpecHead does not read (ignored). A head verifies a tree of head.config.tree_budget={head.config.tree_budget} "
-                      f"nodes per step: set head.config.tree_budget / tree_width, or pass tree_budget= to "
-                      f"custom_generate=hf_jetspec.jetspec_generate", UserWarning, stacklevel=4)
+                      f"assistants, which a JetSpecHead does not read (ignored). A head verifies a tree of "
+                      f"head.config.tree_budget={head.config.tree_budget} nodes per step: set head.config."
+                      f"tree_budget / tree_width, or pass tree_budget= to custom_generate=hf_jetspec.jetspec_generate",
+                      UserWarning, stacklevel=4)
 
 
 def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
