@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -60,9 +61,37 @@ def test_assistant_settings_a_head_does_not_read_are_named(recwarn):
     for settings, named in [({"num_assistant_tokens": 5}, "num_assistant_tokens=5: a setting"),
                             ({"assistant_confidence_threshold": 0.1, "prompt_lookup_num_tokens": 3},
                              "assistant_confidence_threshold=0.1, prompt_lookup_num_tokens=3: settings")]:
-        with pytest.warns(UserWarning, match=f"{named} .*head.config.tree_budget=8"):
+        with pytest.warns(UserWarning, match=f"{named} .*the head's config.tree_budget") as caught:
             out = model.generate(PROMPT, max_new_tokens=12, do_sample=False, assistant_model=head, **settings)
         assert_same_tokens(reference, out)
+        assert [w.filename for w in caught if "does not read" in str(w.message)] == [__file__]  # the user's line
+
+
+@pytest.mark.parametrize("strategy", ["jetspec", "suffix", "jacobi", "speculative-jacobi"])
+def test_assistant_settings_are_named_on_every_custom_generate_loop(strategy, recwarn):
+    """The same settings passed with ``custom_generate=`` (transformers puts them on the generation config and
+    calls the loop anyway) are named once per call, a batch included, at the caller's line, with what sizes that
+    loop's drafts; the tokens stay plain greedy's."""
+    model = make_target("llama")
+    loop = {"jetspec": dict(custom_generate=hf_jetspec.jetspec_generate, draft_head=JetSpecHead.for_target(model)),
+            "suffix": dict(custom_generate=hf_jetspec.suffix_generate),
+            "jacobi": dict(custom_generate=hf_jetspec.jacobi_generate),
+            "speculative-jacobi": dict(custom_generate=hf_jetspec.speculative_jacobi_generate,
+                                       draft_model=make_target("llama", seed=9, layers=1))}[strategy]
+    sized_by = {"jetspec": "tree_budget=", "suffix": "tree_budget=", "jacobi": "window=",
+                "speculative-jacobi": "num_draft_tokens="}[strategy]
+    prompts = torch.cat([PROMPT, PROMPT.flip(1)])
+    reference = greedy_reference(model, prompts, max_new_tokens=10)
+    assert_same_tokens(reference, model.generate(prompts, max_new_tokens=10, do_sample=False, **loop))
+    assert not [w for w in recwarn if "does not read" in str(w.message)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every warning raised, not once per line
+        out = model.generate(prompts, max_new_tokens=10, do_sample=False, prompt_lookup_num_tokens=3, **loop)
+    assert_same_tokens(reference, out)
+    named = [w for w in caught if "does not read" in str(w.message)]
+    assert len(named) == 1 and named[0].filename == __file__, [(str(w.message), w.filename) for w in caught]
+    assert str(named[0].message).startswith("prompt_lookup_num_tokens=3: a setting") and sized_by in str(
+        named[0].message)
 
 
 def test_enable_touches_only_that_instance():

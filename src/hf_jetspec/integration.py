@@ -12,7 +12,6 @@ head was made for this target (generate()'s own check would otherwise ask a mism
 from __future__ import annotations
 
 import copy
-import warnings
 
 import torch
 
@@ -20,29 +19,6 @@ from .decoding.jetspec import jetspec_generate
 from .head import JetSpecHead
 
 _SUBCLASSES: dict[type, type] = {}
-
-# generation-config settings of transformers' own assistants (draft model, prompt lookup, early exit); a head drafts
-# a tree sized by its config instead
-ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
-                      "assistant_lookbehind", "target_lookbehind", "prompt_lookup_num_tokens",
-                      "max_matching_ngram_size", "assistant_early_exit")
-
-
-def warn_unused_assistant_settings(generation_config, head: JetSpecHead) -> None:
-    """A `UserWarning` naming transformers' assistant settings set on ``generation_config`` (Python's default
-    filter shows it once per place in the code): the head route does not read them, and silently dropping e.g.
-    ``num_assistant_tokens=5`` would look like it took effect."""
-    # generate() fills unset fields with these defaults (transformers >= 5.0): only other values were asked for
-    defaults = getattr(type(generation_config), "_get_default_generation_params", dict)()
-    unused = {k: v for k in ASSISTANT_SETTINGS
-              if (v := getattr(generation_config, k, None)) is not None and v != defaults.get(k)}
-    if unused:
-        settings = ", ".join(f"{k}={v!r}" for k, v in unused.items())
-        warnings.warn(f"{settings}: {'a setting' if len(unused) == 1 else 'settings'} of transformers' own "
-                      f"assistants, which a JetSpecHead does not read (ignored). A head verifies a tree of "
-                      f"head.config.tree_budget={head.config.tree_budget} nodes per step: set head.config."
-                      f"tree_budget / tree_width, or pass tree_budget= to custom_generate=hf_jetspec.jetspec_generate",
-                      UserWarning, stacklevel=4)
 
 
 def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
@@ -52,7 +28,6 @@ def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, gen
             model_kwargs.pop(key, None)
         if model_kwargs.pop("draft_head", None) is not None:  # generate() lets None values through
             raise ValueError("assistant_model= already is the draft head: drop draft_head=")
-        warn_unused_assistant_settings(generation_config, assistant_model)
         return jetspec_generate(
             self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, streamer,
             draft_head=assistant_model, **model_kwargs,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
 import transformers
 from packaging.version import Version
+from transformers.utils import HF_MODULES_CACHE
 
 from ..attention import check_target, sliding_window
 from ..cache import check_cache, full_layers, room_left
@@ -118,6 +122,42 @@ def other_decoding_method(generation_config) -> str | None:
     if get("dola_layers") is not None:
         return f"dola_layers={get('dola_layers')!r} (DoLa decoding)"
     return None
+
+
+# generation-config settings of transformers' own assistants (draft model, prompt lookup, early exit); the loops
+# size their drafts by their own arguments instead
+ASSISTANT_SETTINGS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+                      "assistant_lookbehind", "target_lookbehind", "prompt_lookup_num_tokens",
+                      "max_matching_ngram_size", "assistant_early_exit")
+# where a call passes on its way from the user's line to a loop: hf_jetspec, transformers, torch (generate()'s
+# no_grad wrapper) and the modules transformers loads for custom_generate="<repo or folder>"
+_LIBRARIES = (*(os.path.dirname(os.path.abspath(path)) + os.sep
+                for path in (os.path.dirname(__file__), transformers.__file__, torch.__file__)),
+              os.path.abspath(HF_MODULES_CACHE) + os.sep)
+
+
+def warn_unused_assistant_settings(generation_config, sized_by: str) -> None:
+    """A `UserWarning` naming transformers' assistant settings set on ``generation_config`` to anything but
+    generate()'s defaults (which fill every unset field, transformers >= 5.0): no hf_jetspec loop reads them, and
+    dropping e.g. ``num_assistant_tokens=5`` silently would look like it took effect. ``sized_by`` says what sizes
+    the loop's drafts instead. Shown at the user's own line (Python's default filter: once per line)."""
+    defaults = getattr(type(generation_config), "_get_default_generation_params", dict)()
+    unused = {k: v for k in ASSISTANT_SETTINGS
+              if (v := getattr(generation_config, k, None)) is not None and v != defaults.get(k)}
+    if unused:
+        settings = ", ".join(f"{k}={v!r}" for k, v in unused.items())
+        warnings.warn(f"{settings}: {'a setting' if len(unused) == 1 else 'settings'} of transformers' own "
+                      f"assistants, which hf_jetspec's decoding does not read (ignored). {sized_by}",
+                      UserWarning, stacklevel=caller_stacklevel())
+
+
+def caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, seen from the function calling this one, of the first frame outside
+    hf_jetspec, transformers and torch: the user's call, however many library frames lie between."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # Inputs with a row per token that generate() extends by repeating the last row for every new token (Mllama's

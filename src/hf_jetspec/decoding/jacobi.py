@@ -155,7 +155,7 @@ def leading_matches(guesses: list[int], committed: list[int]) -> int:
     return count
 
 
-@per_row
+@per_row("Jacobi decoding verifies window= guesses per forward")
 def jacobi_generate(
     model,
     input_ids: torch.LongTensor,

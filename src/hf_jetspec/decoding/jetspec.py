@@ -72,7 +72,8 @@ def log_records(log: list, outcomes: list) -> None:
     log.extend({"kind": kind, "x": x, "accepted": accepted} for kind, x, accepted in outcomes)
 
 
-@per_row
+@per_row("A JetSpec tree holds tree_budget= nodes, tree_width= tokens per depth (custom_generate=); "
+         "with assistant_model=head, the head's config.tree_budget / tree_width")
 def jetspec_generate(
     model,
     input_ids: torch.LongTensor,

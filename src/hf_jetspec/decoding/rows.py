@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache, MaxLengthCriteria, StaticCache, StoppingCriteriaList
 
 from ..rope import rope_switch
-from .common import check_target
+from .common import check_target, warn_unused_assistant_settings
 
 
 class LeftPadded:
@@ -43,15 +43,20 @@ class LeftPadded:
         return self.inner(torch.cat((pad, input_ids), dim=1), scores, **kwargs)
 
 
-def per_row(loop):
+def per_row(sized_by: str):
     """Wrap a decoding loop (a ``custom_generate`` callable for batch size 1) so that it also takes batches:
     ``input_ids [B, T]`` (left-padded where ``attention_mask`` has zeros) -> the loop once per row -> ``[B, T + n]``,
-    finished rows completed as ``generate()`` completes them."""
+    finished rows completed as ``generate()`` completes them. ``sized_by``: what sizes the loop's drafts, named
+    when a call sets transformers' own assistant settings (`warn_unused_assistant_settings`)."""
+    return functools.partial(_per_row, sized_by=sized_by)
 
+
+def _per_row(loop, sized_by: str):
     @functools.wraps(loop)
     def generate_rows(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                       streamer=None, *args, **kwargs):
         check_target(model)
+        warn_unused_assistant_settings(generation_config, sized_by)
         rows, mask = input_ids.shape[0], kwargs.get("attention_mask")
         padded = mask is not None and not bool((mask == 1).all())
         if (rows == 1 and not padded) or (generation_config.num_beams or 1) > 1:  # beams: the loop names them

@@ -95,7 +95,7 @@ def verify_chain(session: DecodingSession, guesses: list[int], q: torch.Tensor |
     return visited, logits.argmax(dim=-1).tolist()
 
 
-@per_row
+@per_row("Speculative Jacobi decoding drafts num_draft_tokens= tokens per step")
 def speculative_jacobi_generate(
     model,
     input_ids: torch.LongTensor,
