@@ -280,10 +280,14 @@ def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
     assert vocab.main(["--data", str(data), "--head", str(head_dir), "--size", "64", "--eval-count", "6"]) == 0
     kept, _ = training_rows([rows], 6, 0)
     saved = JetSpecHead.from_pretrained(head_dir).config.draft_vocab
-    assert saved == vocab.frequent_tokens(kept, 64, vocab_size=128)
+    eos = target.config.eos_token_id
+    assert saved == vocab.frequent_tokens(kept, 64, always=[eos], vocab_size=128) and eos in saved  # as the trainer
     assert 5 not in saved  # only the held-out conversation uses token 5
     set_aside = {r["input_ids"][1] for r in rows[:70]} - {r["input_ids"][1] for r in kept}
     assert len(set_aside) == 6 and not set_aside & set(saved)  # 64 kept rows fill the 64 slots: eval tokens stay out
+    assert vocab.main(["--data", str(data), "--head", str(head_dir), "--size", "64", "--eval-count", "6",
+                       "--eos"]) == 0  # no ids: nothing forced
+    assert JetSpecHead.from_pretrained(head_dir).config.draft_vocab == vocab.frequent_tokens(kept, 64, vocab_size=128)
 
 
 def test_acceptance_profile_by_hand():

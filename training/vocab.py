@@ -47,6 +47,15 @@ def coverage(rows: Iterable[dict], vocab: Iterable[int]) -> float:
     return hit / max(1, total)
 
 
+def kept_ids(head, given: list[int] | None) -> list[int]:
+    """The ids a draft vocabulary always keeps: ``given``, else the head's own eos ids (heads made before 6 December
+    2026 carry none)."""
+    if given is not None:
+        return given
+    eos = head.config.eos_token_id
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
 def main(argv=None) -> int:
     from hf_jetspec.head import JetSpecHead
 
@@ -56,7 +65,9 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, nargs="+", help="JSONL rows {id, input_ids, prompt_len}")
     p.add_argument("--head", required=True, help="head folder, updated in place")
     p.add_argument("--size", type=int, default=16384)
-    p.add_argument("--eos", type=int, nargs="*", default=(), help="token ids always kept (default: none)")
+    p.add_argument("--eos", type=int, nargs="*", default=None,
+                   help="token ids always kept (default: the head's eos_token_id, copied from its target, as the "
+                        "trainer's --draft-vocab keeps the target's eos ids; --eos with no ids: none)")
     p.add_argument("--eval-count", type=int, default=8,
                    help="rows the trainer set aside for evaluation (as its --eval-count; excluded here too)")
     p.add_argument("--seed", type=int, default=0, help="the trainer's --seed (which rows it set aside)")
@@ -64,7 +75,7 @@ def main(argv=None) -> int:
     require_at_least(p, args, size=1, eval_count=0)
     rows, _ = training_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
     head = JetSpecHead.from_pretrained(args.head)
-    head.config.draft_vocab = frequent_tokens(rows, args.size, args.eos, head.config.vocab_size)
+    head.config.draft_vocab = frequent_tokens(rows, args.size, kept_ids(head, args.eos), head.config.vocab_size)
     head.config.validate_head()
     head.save_pretrained(args.head)
     share = coverage(rows, head.config.draft_vocab)
