@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_jetspec.config import default_target_layer_ids
+from hf_jetspec.config import default_target_layer_ids, token_ids
 from hf_jetspec.models import load_target
 from hf_jetspec.prompts import is_held_out
 
@@ -237,9 +237,7 @@ def split_response(new_tokens: list[int], eos_ids: set[int]) -> tuple[list[int],
 
 def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """All token ids that end generation for this model/tokenizer pair."""
-    eos = model.generation_config.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    return set(eos) | ({tokenizer.eos_token_id} - {None})
+    return set(token_ids(model.generation_config.eos_token_id)) | ({tokenizer.eos_token_id} - {None})
 
 
 class StateRecorder:

@@ -13,7 +13,7 @@ import argparse
 from collections import Counter
 from collections.abc import Iterable
 
-from hf_jetspec.config import MIN_DRAFT_VOCAB
+from hf_jetspec.config import MIN_DRAFT_VOCAB, token_ids
 
 from .argcheck import require_at_least
 
@@ -50,10 +50,7 @@ def coverage(rows: Iterable[dict], vocab: Iterable[int]) -> float:
 def kept_ids(head, given: list[int] | None) -> list[int]:
     """The ids a draft vocabulary always keeps: ``given``, else the head's own eos ids (heads made before 6 December
     2026 carry none)."""
-    if given is not None:
-        return given
-    eos = head.config.eos_token_id
-    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return given if given is not None else token_ids(head.config.eos_token_id)
 
 
 def main(argv=None) -> int:

@@ -140,8 +140,9 @@ def busy_note() -> str | None:
 
 
 def _eos_ids(model) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    return set() if eos is None else set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+    from .config import token_ids
+
+    return set(token_ids(model.generation_config.eos_token_id))
 
 
 def cmd_generate(args) -> int:

@@ -69,6 +69,11 @@ POSITIVE_FIELDS = ("rms_norm_eps", "rope_theta", "initializer_range")
 # the target's special token ids a head records (transformers' pipelines compare them with the target's)
 SPECIAL_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
+
+def token_ids(value) -> list[int]:
+    """A token-id field that holds one id, several or None (``eos_token_id``) as a list of ids."""
+    return [] if value is None else [int(value)] if isinstance(value, int) else [int(i) for i in value]
+
 MIN_DRAFT_VOCAB = 64  # tree widths draw distinct children from the draft vocabulary
 
 
