@@ -265,7 +265,7 @@ def test_more_data_files_keep_the_evaluation_set():
     assert training_rows([first], 5, 4)[1] != evaluation  # the seed picks the set
 
 
-def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
+def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path, capsys):
     """The vocabulary CLI leaves out what the trainer leaves out: benchmark held-out conversations and the
     --eval-count rows set aside for evaluation, so it reproduces the trainer's --draft-vocab."""
 
@@ -288,6 +288,15 @@ def test_vocab_cli_counts_the_rows_the_trainer_trains_on(tmp_path):
     assert vocab.main(["--data", str(data), "--head", str(head_dir), "--size", "64", "--eval-count", "6",
                        "--eos"]) == 0  # no ids: nothing forced
     assert JetSpecHead.from_pretrained(head_dir).config.draft_vocab == vocab.frequent_tokens(kept, 64, vocab_size=128)
+    assert "note:" not in capsys.readouterr().err
+    old = JetSpecHead.for_target(target, block_size=4, num_hidden_layers=1)
+    old.config.eos_token_id = None  # as heads saved before 6 December 2026
+    old.save_pretrained(head_dir)
+    assert vocab.main(["--data", str(data), "--head", str(head_dir), "--size", "64", "--eval-count", "6"]) == 0
+    assert "names no eos_token_id" in capsys.readouterr().err  # said, not silently dropped
+    assert vocab.main(["--data", str(data), "--head", str(head_dir), "--size", "64", "--eval-count", "6",
+                       "--eos", str(eos)]) == 0
+    assert "note:" not in capsys.readouterr().err and eos in JetSpecHead.from_pretrained(head_dir).config.draft_vocab
 
 
 def test_acceptance_profile_by_hand():

@@ -10,6 +10,7 @@ are unchanged and only drafting gets cheaper.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections import Counter
 from collections.abc import Iterable
 
@@ -72,7 +73,11 @@ def main(argv=None) -> int:
     require_at_least(p, args, size=1, eval_count=0)
     rows, _ = training_rows([read_rows(path) for path in args.data], args.eval_count, args.seed)
     head = JetSpecHead.from_pretrained(args.head)
-    head.config.draft_vocab = frequent_tokens(rows, args.size, kept_ids(head, args.eos), head.config.vocab_size)
+    always = kept_ids(head, args.eos)
+    if args.eos is None and not always:
+        print(f"note: {args.head} names no eos_token_id (heads saved before 6 December 2026 carry none), so no id is "
+              f"kept whatever its count: pass --eos ID (the target's eos ids) to keep them", file=sys.stderr)
+    head.config.draft_vocab = frequent_tokens(rows, args.size, always, head.config.vocab_size)
     head.config.validate_head()
     head.save_pretrained(args.head)
     share = coverage(rows, head.config.draft_vocab)
