@@ -76,8 +76,8 @@ def main(argv=None) -> int:
     always = kept_ids(head, args.eos)
     if args.eos is None and not always:
         print(f"note: {args.head} names no eos_token_id (heads saved before 6 December 2026 carry none), so no id is "
-              f"forced in (eos stays only if it is frequent enough): pass --eos ID (the target's eos ids) to keep "
-              f"them", file=sys.stderr)
+              "forced in (eos stays only if it is frequent enough): pass --eos ID (the target's eos ids) to keep "
+              "them", file=sys.stderr)
     head.config.draft_vocab = frequent_tokens(rows, args.size, always, head.config.vocab_size)
     head.config.validate_head()
     head.save_pretrained(args.head)

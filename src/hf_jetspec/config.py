@@ -74,6 +74,7 @@ def token_ids(value) -> list[int]:
     """A token-id field that holds one id, several or None (``eos_token_id``) as a list of ids."""
     return [] if value is None else [int(value)] if isinstance(value, int) else [int(i) for i in value]
 
+
 MIN_DRAFT_VOCAB = 64  # tree widths draw distinct children from the draft vocabulary
 
 
